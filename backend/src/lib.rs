@@ -1,0 +1,3 @@
+//! The vrdma backend: dom0 daemon, toolstack CLI and software RDMA device.
+//!
+//! Empty so far: the split-driver issue fills this room. Nothing here pretends to work.

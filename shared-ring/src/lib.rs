@@ -1,0 +1,1 @@
+//! Memory shared between vrdma frontend and backend: the Xen `io/ring.h` ABI and the vrdma layouts.

@@ -1,0 +1,1 @@
+//! XenStore wire protocol (`io/xs_wire.h`): codec, client and embedded server.
