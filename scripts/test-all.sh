@@ -41,10 +41,10 @@ say "cargo fmt --check"
 cargo fmt --all -- --check
 
 say "cargo clippy --all-targets -D warnings"
-cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo clippy --workspace --all-targets -- -D warnings
 
 say "cargo test (workspace)"
-cargo test --workspace --locked
+cargo test --workspace
 
 if [ -f scripts/extra-tests.sh ]; then
     # Room-specific lanes (loom models, miri, the Xen lab) live beside this script.

@@ -97,7 +97,7 @@ impl<'a> Response<'a> {
                 let (generation, rest) = parts.split_first().ok_or(bad("no generation"))?;
                 let generation = number(ty, generation)?;
                 let (complete, names) = match rest.split_last() {
-                    Some((last, names)) if last.is_empty() => (true, names),
+                    Some((&[], names)) => (true, names),
                     _ => (false, rest),
                 };
                 let children = names
