@@ -1,0 +1,1 @@
+//! The XenStore client (in progress).

@@ -1,0 +1,1 @@
+//! The embedded XenStore server (in progress).
