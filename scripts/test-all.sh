@@ -25,7 +25,8 @@ if [ ${#need[@]} -gt 0 ]; then
     SUDO=""
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" ||
+        echo "!!! apt-get install failed for some of: ${need[*]}" >&2
 fi
 
 # --- Rust components --------------------------------------------------------------------
@@ -50,6 +51,13 @@ if [ -f scripts/extra-tests.sh ]; then
     # Room-specific lanes (loom models, miri, the Xen lab) live beside this script.
     # shellcheck source=/dev/null
     . scripts/extra-tests.sh
+fi
+
+say "Xen lab: real Xen 4.17 + dom0 + PV domUs under QEMU (tests/xen-lab)"
+if command -v qemu-system-x86_64 >/dev/null; then
+    tests/xen-lab/run-all.sh
+else
+    skip "Xen lab: qemu-system-x86_64 is not installed and apt could not install it"
 fi
 
 if [ ${#skipped[@]} -gt 0 ]; then
