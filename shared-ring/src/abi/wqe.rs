@@ -1,0 +1,453 @@
+//! Work-queue entries: the 64-byte slots of send and receive queues.
+//!
+//! ```text
+//!  0  opcode u8      1 flags u8     2 num_sge u8    3 inline_len u8
+//!  4  imm_data u32
+//!  8  wr_id u64
+//! 16  remote_addr u64   (RDMA WRITE/READ)
+//! 24  rkey u32          (RDMA WRITE/READ)
+//! 28  reserved u32 (0)
+//! 32  payload: 2 SGEs of 16 bytes {offset u64, length u32, lkey u32}, or 32 bytes inline data
+//! ```
+//! Written by the frontend, copied out and validated by the backend engine.
+
+use super::{check_len, AbiError};
+
+/// Size of a WQE slot.
+pub const WQE_LEN: usize = 64;
+/// Scatter/gather entries per WQE.
+pub const MAX_SGE: usize = 2;
+/// Bytes of inline data per WQE.
+pub const MAX_INLINE: usize = 32;
+/// Size of one SGE inside the payload.
+pub const SGE_LEN: usize = 16;
+
+/// Byte offsets of the WQE fields.
+pub mod field {
+    pub const OPCODE: usize = 0;
+    pub const FLAGS: usize = 1;
+    pub const NUM_SGE: usize = 2;
+    pub const INLINE_LEN: usize = 3;
+    pub const IMM_DATA: usize = 4;
+    pub const WR_ID: usize = 8;
+    pub const REMOTE_ADDR: usize = 16;
+    pub const RKEY: usize = 24;
+    pub const RESERVED: usize = 28;
+    pub const PAYLOAD: usize = 32;
+    /// Offsets inside one SGE.
+    pub const SGE_OFFSET: usize = 0;
+    pub const SGE_LENGTH: usize = 8;
+    pub const SGE_LKEY: usize = 12;
+}
+
+/// What a WQE asks for. Zero is not an opcode, so a never-written slot does not parse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum WqeOpcode {
+    Send = 1,
+    SendWithImm = 2,
+    RdmaWrite = 3,
+    RdmaWriteWithImm = 4,
+    RdmaRead = 5,
+    /// A receive buffer (receive queue only).
+    Recv = 6,
+}
+
+impl WqeOpcode {
+    pub fn from_u8(v: u8) -> Result<Self, AbiError> {
+        Ok(match v {
+            1 => Self::Send,
+            2 => Self::SendWithImm,
+            3 => Self::RdmaWrite,
+            4 => Self::RdmaWriteWithImm,
+            5 => Self::RdmaRead,
+            6 => Self::Recv,
+            _ => {
+                return Err(AbiError::Unknown {
+                    what: "WQE opcode",
+                    value: v.into(),
+                })
+            }
+        })
+    }
+    /// Whether the WQE carries a remote address and rkey.
+    pub fn is_rdma(self) -> bool {
+        matches!(
+            self,
+            Self::RdmaWrite | Self::RdmaWriteWithImm | Self::RdmaRead
+        )
+    }
+    /// Whether the WQE carries immediate data.
+    pub fn has_imm(self) -> bool {
+        matches!(self, Self::SendWithImm | Self::RdmaWriteWithImm)
+    }
+}
+
+/// WQE flag bits.
+pub mod flags {
+    /// Generate a CQE on success (errors always complete).
+    pub const SIGNALED: u8 = 1 << 0;
+    /// Set the solicited-event bit at the receiver.
+    pub const SOLICITED: u8 = 1 << 1;
+    /// Payload is inline data, not SGEs.
+    pub const INLINE: u8 = 1 << 2;
+    /// Wait for earlier RDMA READs to complete first.
+    pub const FENCE: u8 = 1 << 3;
+    pub const ALL: u8 = SIGNALED | SOLICITED | INLINE | FENCE;
+}
+
+/// One scatter/gather entry: `length` bytes at `offset` inside the memory region `lkey`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct Sge {
+    pub offset: u64,
+    pub length: u32,
+    pub lkey: u32,
+}
+
+/// Zero-copy view of a WQE slot.
+#[derive(Debug, Clone)]
+pub struct Wqe<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> Wqe<T> {
+    /// Wraps a buffer without checking its length.
+    pub fn new_unchecked(buffer: T) -> Self {
+        Self { buffer }
+    }
+    /// Wraps a buffer of at least [`WQE_LEN`] bytes.
+    pub fn new_checked(buffer: T) -> Result<Self, AbiError> {
+        check_len(buffer.as_ref().len(), WQE_LEN)?;
+        Ok(Self { buffer })
+    }
+    pub fn into_inner(self) -> T {
+        self.buffer
+    }
+    super::view_getters! {
+        /// Raw opcode byte.
+        opcode: u8 @ field::OPCODE;
+        /// Raw flag bits.
+        flags: u8 @ field::FLAGS;
+        /// Number of SGEs used.
+        num_sge: u8 @ field::NUM_SGE;
+        /// Bytes of inline data.
+        inline_len: u8 @ field::INLINE_LEN;
+        /// Immediate data (`*_WITH_IMM`).
+        imm_data: u32 @ field::IMM_DATA;
+        /// Caller's cookie, returned in the CQE.
+        wr_id: u64 @ field::WR_ID;
+        /// Remote virtual address (RDMA).
+        remote_addr: u64 @ field::REMOTE_ADDR;
+        /// Remote key (RDMA).
+        rkey: u32 @ field::RKEY;
+        /// Reserved, zero.
+        reserved: u32 @ field::RESERVED;
+    }
+    /// SGE `i` (`i < MAX_SGE`).
+    pub fn sge(&self, i: usize) -> Sge {
+        let b = self.buffer.as_ref();
+        let o = field::PAYLOAD + (i % MAX_SGE) * SGE_LEN;
+        Sge {
+            offset: super::get_u64(b, o + field::SGE_OFFSET),
+            length: super::get_u32(b, o + field::SGE_LENGTH),
+            lkey: super::get_u32(b, o + field::SGE_LKEY),
+        }
+    }
+    /// The 32-byte payload area.
+    pub fn payload(&self) -> &[u8] {
+        &self.buffer.as_ref()[field::PAYLOAD..WQE_LEN]
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Wqe<T> {
+    super::view_setters! {
+        set_opcode: u8 @ field::OPCODE;
+        set_flags: u8 @ field::FLAGS;
+        set_num_sge: u8 @ field::NUM_SGE;
+        set_inline_len: u8 @ field::INLINE_LEN;
+        set_imm_data: u32 @ field::IMM_DATA;
+        set_wr_id: u64 @ field::WR_ID;
+        set_remote_addr: u64 @ field::REMOTE_ADDR;
+        set_rkey: u32 @ field::RKEY;
+        set_reserved: u32 @ field::RESERVED;
+    }
+    /// Sets SGE `i` (`i < MAX_SGE`).
+    pub fn set_sge(&mut self, i: usize, sge: Sge) {
+        let b = self.buffer.as_mut();
+        let o = field::PAYLOAD + (i % MAX_SGE) * SGE_LEN;
+        super::set_u64(b, o + field::SGE_OFFSET, sge.offset);
+        super::set_u32(b, o + field::SGE_LENGTH, sge.length);
+        super::set_u32(b, o + field::SGE_LKEY, sge.lkey);
+    }
+    /// The 32-byte payload area, writable.
+    pub fn payload_mut(&mut self) -> &mut [u8] {
+        &mut self.buffer.as_mut()[field::PAYLOAD..WQE_LEN]
+    }
+}
+
+/// Where the data of a WQE is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WqeData {
+    /// Up to [`MAX_SGE`] scatter/gather entries (`len` of them used).
+    Sges { sges: [Sge; MAX_SGE], len: u8 },
+    /// Up to [`MAX_INLINE`] bytes carried in the WQE (`len` of them used).
+    Inline { bytes: [u8; MAX_INLINE], len: u8 },
+}
+
+impl WqeData {
+    /// SGEs from a slice (at most [`MAX_SGE`]).
+    pub fn sges(list: &[Sge]) -> Result<Self, AbiError> {
+        if list.len() > MAX_SGE {
+            return Err(AbiError::OutOfRange {
+                what: "SGE count",
+                value: list.len() as u64,
+                max: MAX_SGE as u64,
+            });
+        }
+        let mut sges = [Sge::default(); MAX_SGE];
+        sges[..list.len()].copy_from_slice(list);
+        Ok(Self::Sges {
+            sges,
+            len: list.len() as u8,
+        })
+    }
+    /// Inline data from a slice (at most [`MAX_INLINE`] bytes).
+    pub fn inline(data: &[u8]) -> Result<Self, AbiError> {
+        if data.len() > MAX_INLINE {
+            return Err(AbiError::OutOfRange {
+                what: "inline length",
+                value: data.len() as u64,
+                max: MAX_INLINE as u64,
+            });
+        }
+        let mut bytes = [0u8; MAX_INLINE];
+        bytes[..data.len()].copy_from_slice(data);
+        Ok(Self::Inline {
+            bytes,
+            len: data.len() as u8,
+        })
+    }
+    /// Total bytes described.
+    pub fn total_len(&self) -> u64 {
+        match self {
+            Self::Sges { sges, len } => sges[..*len as usize]
+                .iter()
+                .map(|s| u64::from(s.length))
+                .sum(),
+            Self::Inline { len, .. } => u64::from(*len),
+        }
+    }
+}
+
+/// The meaning of a WQE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WqeRepr {
+    pub opcode: WqeOpcode,
+    /// [`flags`] bits other than `INLINE` (which follows from `data`).
+    pub flags: u8,
+    pub wr_id: u64,
+    /// Immediate data; must be 0 unless the opcode carries one.
+    pub imm_data: u32,
+    /// Remote address and rkey; must be 0 unless the opcode is RDMA.
+    pub remote_addr: u64,
+    pub rkey: u32,
+    pub data: WqeData,
+}
+
+impl WqeRepr {
+    /// Parses and validates a WQE copied out of a queue.
+    pub fn parse<T: AsRef<[u8]>>(wqe: &Wqe<T>) -> Result<Self, AbiError> {
+        check_len(wqe.buffer.as_ref().len(), WQE_LEN)?;
+        let opcode = WqeOpcode::from_u8(wqe.opcode())?;
+        let fl = wqe.flags();
+        if fl & !flags::ALL != 0 {
+            return Err(AbiError::Unknown {
+                what: "WQE flags",
+                value: fl.into(),
+            });
+        }
+        if wqe.reserved() != 0 {
+            return Err(AbiError::Reserved {
+                field: "wqe.reserved",
+            });
+        }
+        if !opcode.has_imm() && wqe.imm_data() != 0 {
+            return Err(AbiError::Reserved {
+                field: "wqe.imm_data",
+            });
+        }
+        if !opcode.is_rdma() && (wqe.remote_addr() != 0 || wqe.rkey() != 0) {
+            return Err(AbiError::Reserved {
+                field: "wqe.remote",
+            });
+        }
+        let data = if fl & flags::INLINE != 0 {
+            if matches!(opcode, WqeOpcode::Recv | WqeOpcode::RdmaRead) {
+                return Err(AbiError::Unknown {
+                    what: "inline WQE opcode",
+                    value: opcode as u32,
+                });
+            }
+            if wqe.num_sge() != 0 {
+                return Err(AbiError::Reserved {
+                    field: "wqe.num_sge",
+                });
+            }
+            let len = wqe.inline_len();
+            if usize::from(len) > MAX_INLINE {
+                return Err(AbiError::OutOfRange {
+                    what: "inline length",
+                    value: len.into(),
+                    max: MAX_INLINE as u64,
+                });
+            }
+            let mut bytes = [0u8; MAX_INLINE];
+            bytes[..usize::from(len)].copy_from_slice(&wqe.payload()[..usize::from(len)]);
+            WqeData::Inline { bytes, len }
+        } else {
+            if wqe.inline_len() != 0 {
+                return Err(AbiError::Reserved {
+                    field: "wqe.inline_len",
+                });
+            }
+            let n = wqe.num_sge();
+            if usize::from(n) > MAX_SGE {
+                return Err(AbiError::OutOfRange {
+                    what: "SGE count",
+                    value: n.into(),
+                    max: MAX_SGE as u64,
+                });
+            }
+            let mut sges = [Sge::default(); MAX_SGE];
+            for (i, s) in sges.iter_mut().enumerate().take(usize::from(n)) {
+                *s = wqe.sge(i);
+            }
+            WqeData::Sges { sges, len: n }
+        };
+        Ok(Self {
+            opcode,
+            flags: fl & !flags::INLINE,
+            wr_id: wqe.wr_id(),
+            imm_data: wqe.imm_data(),
+            remote_addr: wqe.remote_addr(),
+            rkey: wqe.rkey(),
+            data,
+        })
+    }
+
+    /// Writes the WQE into `wqe` (every byte of the slot is written).
+    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, wqe: &mut Wqe<T>) {
+        wqe.buffer.as_mut()[..WQE_LEN].fill(0);
+        wqe.set_opcode(self.opcode as u8);
+        wqe.set_wr_id(self.wr_id);
+        wqe.set_imm_data(self.imm_data);
+        wqe.set_remote_addr(self.remote_addr);
+        wqe.set_rkey(self.rkey);
+        match &self.data {
+            WqeData::Sges { sges, len } => {
+                wqe.set_flags(self.flags & !flags::INLINE);
+                wqe.set_num_sge(*len);
+                for (i, s) in sges.iter().enumerate().take(usize::from(*len)) {
+                    wqe.set_sge(i, *s);
+                }
+            }
+            WqeData::Inline { bytes, len } => {
+                wqe.set_flags(self.flags | flags::INLINE);
+                wqe.set_inline_len(*len);
+                let l = usize::from(*len).min(MAX_INLINE);
+                wqe.payload_mut()[..l].copy_from_slice(&bytes[..l]);
+            }
+        }
+    }
+
+    /// The slot bytes of this WQE.
+    pub fn to_bytes(&self) -> [u8; WQE_LEN] {
+        let mut b = [0u8; WQE_LEN];
+        self.emit(&mut Wqe::new_unchecked(&mut b[..]));
+        b
+    }
+
+    /// Parses slot bytes.
+    pub fn from_bytes(b: &[u8; WQE_LEN]) -> Result<Self, AbiError> {
+        Self::parse(&Wqe::new_unchecked(&b[..]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rdma_write_from_literal_bytes_and_back() {
+        let mut b = [0u8; 64];
+        b[0] = 3; // RDMA WRITE
+        b[1] = flags::SIGNALED;
+        b[2] = 1;
+        b[8..16].copy_from_slice(&0x1122_3344_5566_7788u64.to_le_bytes());
+        b[16..24].copy_from_slice(&0x7000_0000u64.to_le_bytes());
+        b[24..28].copy_from_slice(&0xabcdu32.to_le_bytes());
+        b[32..40].copy_from_slice(&4096u64.to_le_bytes());
+        b[40..44].copy_from_slice(&64u32.to_le_bytes());
+        b[44..48].copy_from_slice(&0x42u32.to_le_bytes());
+        let r = WqeRepr::from_bytes(&b).unwrap();
+        assert_eq!(r.opcode, WqeOpcode::RdmaWrite);
+        assert_eq!(r.wr_id, 0x1122_3344_5566_7788);
+        assert_eq!((r.remote_addr, r.rkey), (0x7000_0000, 0xabcd));
+        assert_eq!(
+            r.data,
+            WqeData::sges(&[Sge {
+                offset: 4096,
+                length: 64,
+                lkey: 0x42
+            }])
+            .unwrap()
+        );
+        assert_eq!(r.to_bytes(), b);
+    }
+
+    #[test]
+    fn inline_send_round_trips() {
+        let r = WqeRepr {
+            opcode: WqeOpcode::SendWithImm,
+            flags: flags::SIGNALED | flags::SOLICITED,
+            wr_id: 9,
+            imm_data: 0xfeed,
+            remote_addr: 0,
+            rkey: 0,
+            data: WqeData::inline(b"hello, xen").unwrap(),
+        };
+        let b = r.to_bytes();
+        assert_eq!(b[3], 10);
+        assert_eq!(&b[32..42], b"hello, xen");
+        assert_eq!(WqeRepr::from_bytes(&b).unwrap(), r);
+    }
+
+    #[test]
+    fn garbage_is_rejected() {
+        let zero = [0u8; 64];
+        assert!(WqeRepr::from_bytes(&zero).is_err());
+        let mut b = WqeRepr {
+            opcode: WqeOpcode::Send,
+            flags: 0,
+            wr_id: 1,
+            imm_data: 0,
+            remote_addr: 0,
+            rkey: 0,
+            data: WqeData::sges(&[]).unwrap(),
+        }
+        .to_bytes();
+        b[2] = 3;
+        assert!(matches!(
+            WqeRepr::from_bytes(&b),
+            Err(AbiError::OutOfRange { .. })
+        ));
+        b[2] = 0;
+        b[1] = flags::INLINE;
+        b[3] = 33;
+        assert!(WqeRepr::from_bytes(&b).is_err());
+        b[3] = 0;
+        b[1] = 0x80;
+        assert!(WqeRepr::from_bytes(&b).is_err());
+        assert!(Wqe::new_checked(&b[..63]).is_err());
+    }
+}

@@ -1,0 +1,528 @@
+//! The one module that touches shared memory.
+//!
+//! Memory shared with another domain is untrusted and concurrently written, so it is never seen
+//! as a Rust reference to data. Every access here is an atomic operation on one aligned 32-bit
+//! word: index words with the ordering the caller asks for, payload copies as relaxed word
+//! loads/stores. A racing peer can therefore make us read a torn *object*, never cause a data
+//! race in the Rust memory model; objects are copied out and validated after the copy.
+//!
+//! Bounds and alignment are checked once, when a [`SharedWord`] or [`SlotArray`] is carved out
+//! of a [`SharedRegion`]; after that every access is in bounds by construction (slot indexes are
+//! masked by a power-of-two count), so the hot paths are infallible and panic-free.
+//!
+//! Under `cfg(loom)` the same API is backed by an array of loom atomics so that the ring
+//! protocols above can be model-checked unchanged.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+#[cfg(loom)]
+use loom::sync::atomic::{fence, AtomicU32};
+#[cfg(not(loom))]
+use std::sync::atomic::{fence, AtomicU32};
+
+/// Size of a Xen page, the unit in which memory is granted.
+pub const PAGE_SIZE: usize = 4096;
+/// Size of a cache line on the hosts we target; shared words written by different parties are
+/// kept on different lines.
+pub const CACHE_LINE: usize = 64;
+
+/// An access outside a shared region, or not aligned as shared words must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum MemError {
+    #[error(
+        "access of {len} bytes at offset {offset} is outside a {region_len}-byte shared region"
+    )]
+    OutOfBounds {
+        offset: usize,
+        len: usize,
+        region_len: usize,
+    },
+    #[error("access of {len} bytes at offset {offset} is not 4-byte aligned")]
+    Misaligned { offset: usize, len: usize },
+    #[error("slot array of {count} slots: the count must be a non-zero power of two")]
+    BadSlotCount { count: usize },
+    #[error("shared region length {len} is zero or not a multiple of 4")]
+    BadRegionLength { len: usize },
+    #[error("shared region base address {addr:#x} is not 4-byte aligned")]
+    MisalignedBase { addr: usize },
+}
+
+/// Full two-way fence between a store to one shared word and a later load of another.
+///
+/// This is the `xen_mb()` of `io/ring.h`: publishing a producer index and then reading the
+/// peer's event/sleep word needs it (store→load order), which Release/Acquire do not give.
+#[inline]
+pub fn full_fence() {
+    #[cfg(loom)]
+    if loom_knobs::fences_disabled() {
+        return;
+    }
+    fence(Ordering::SeqCst);
+}
+
+/// Loom-only switch that turns [`full_fence`] into a no-op, so a model can show that the fence
+/// is what prevents a lost wake-up. Never compiled outside `cfg(loom)`.
+#[cfg(loom)]
+#[doc(hidden)]
+pub mod loom_knobs {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static DISABLED: AtomicBool = AtomicBool::new(false);
+    pub fn disable_full_fences(disabled: bool) {
+        DISABLED.store(disabled, Ordering::SeqCst);
+    }
+    pub(crate) fn fences_disabled() -> bool {
+        DISABLED.load(Ordering::SeqCst)
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Backing store
+// ----------------------------------------------------------------------------------------------
+
+#[cfg(not(loom))]
+struct Backing {
+    base: std::ptr::NonNull<u8>,
+    len: usize,
+    owner: Owner,
+}
+
+#[cfg(not(loom))]
+enum Owner {
+    /// Zeroed, page-aligned heap memory allocated by [`SharedRegion::alloc`].
+    Heap(std::alloc::Layout),
+    /// Memory owned by someone else (a grant mapping, an mmap), kept alive by this value.
+    External(#[allow(dead_code)] Box<dyn std::any::Any + Send + Sync>),
+}
+
+// SAFETY: the backing is only a base pointer and length; all access through it is atomic
+// (see `SharedRegion::word_ptr`), so sharing it between threads cannot create a data race.
+#[cfg(not(loom))]
+unsafe impl Send for Backing {}
+// SAFETY: as above: `&Backing` only hands out atomic accesses.
+#[cfg(not(loom))]
+unsafe impl Sync for Backing {}
+
+#[cfg(not(loom))]
+impl Drop for Backing {
+    fn drop(&mut self) {
+        if let Owner::Heap(layout) = self.owner {
+            // SAFETY: `base` was returned by `alloc_zeroed(layout)` in `SharedRegion::alloc`
+            // and is freed exactly once, here, when the last region handle goes away.
+            unsafe { std::alloc::dealloc(self.base.as_ptr(), layout) };
+        }
+    }
+}
+
+#[cfg(loom)]
+struct Backing {
+    words: Box<[AtomicU32]>,
+}
+
+/// A bounds-checked window onto memory shared with another party (a granted page, a mapping
+/// of several pages, or heap memory in tests and the simulator).
+///
+/// Cheap to clone; clones share the memory. Offsets are relative to the window.
+#[derive(Clone)]
+pub struct SharedRegion {
+    backing: Arc<Backing>,
+    offset: usize,
+    len: usize,
+}
+
+impl std::fmt::Debug for SharedRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedRegion")
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl SharedRegion {
+    /// Allocates `len` bytes of zeroed, page-aligned memory (for the side that creates a ring,
+    /// for tests and for the simulated host).
+    pub fn alloc(len: usize) -> Result<Self, MemError> {
+        if len == 0 || len % 4 != 0 {
+            return Err(MemError::BadRegionLength { len });
+        }
+        #[cfg(not(loom))]
+        {
+            let layout = std::alloc::Layout::from_size_align(len, PAGE_SIZE)
+                .map_err(|_| MemError::BadRegionLength { len })?;
+            // SAFETY: `layout` has non-zero size (checked above).
+            let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+            let Some(base) = std::ptr::NonNull::new(ptr) else {
+                std::alloc::handle_alloc_error(layout);
+            };
+            Ok(Self {
+                backing: Arc::new(Backing {
+                    base,
+                    len,
+                    owner: Owner::Heap(layout),
+                }),
+                offset: 0,
+                len,
+            })
+        }
+        #[cfg(loom)]
+        {
+            let words = (0..len / 4).map(|_| AtomicU32::new(0)).collect();
+            Ok(Self {
+                backing: Arc::new(Backing { words }),
+                offset: 0,
+                len,
+            })
+        }
+    }
+
+    /// Wraps memory mapped by someone else (a grant mapping, a shared mmap).
+    ///
+    /// `keep_alive` is dropped when the last handle to the region goes away; put the mapping
+    /// object in it so the memory outlives every access.
+    ///
+    /// # Safety
+    /// `base` must be valid for reads and writes of `len` bytes for as long as `keep_alive` is
+    /// alive, and that memory must only ever be accessed atomically or by another process /
+    /// domain (never through Rust references or non-atomic accesses in this process).
+    #[cfg(not(loom))]
+    pub unsafe fn from_raw_parts(
+        base: std::ptr::NonNull<u8>,
+        len: usize,
+        keep_alive: Box<dyn std::any::Any + Send + Sync>,
+    ) -> Result<Self, MemError> {
+        if len == 0 || len % 4 != 0 {
+            return Err(MemError::BadRegionLength { len });
+        }
+        let addr = base.as_ptr() as usize;
+        if addr % 4 != 0 {
+            return Err(MemError::MisalignedBase { addr });
+        }
+        Ok(Self {
+            backing: Arc::new(Backing {
+                base,
+                len,
+                owner: Owner::External(keep_alive),
+            }),
+            offset: 0,
+            len,
+        })
+    }
+
+    /// Length of the window in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: a region is never empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<(), MemError> {
+        if offset % 4 != 0 || len % 4 != 0 {
+            return Err(MemError::Misaligned { offset, len });
+        }
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(MemError::OutOfBounds {
+                offset,
+                len,
+                region_len: self.len,
+            }),
+        }
+    }
+
+    /// A sub-window `[offset, offset + len)` of this one, sharing the memory.
+    pub fn subregion(&self, offset: usize, len: usize) -> Result<SharedRegion, MemError> {
+        self.check(offset, len)?;
+        if len == 0 {
+            return Err(MemError::BadRegionLength { len });
+        }
+        Ok(SharedRegion {
+            backing: self.backing.clone(),
+            offset: self.offset + offset,
+            len,
+        })
+    }
+
+    /// The shared word at `offset` (4-byte aligned, in bounds).
+    pub fn word(&self, offset: usize) -> Result<SharedWord, MemError> {
+        self.check(offset, 4)?;
+        Ok(SharedWord {
+            region: self.clone(),
+            offset,
+        })
+    }
+
+    /// `count` slots of `N` bytes starting at `offset`; `count` must be a power of two so that
+    /// free-running indexes can be masked.
+    pub fn slots<const N: usize>(
+        &self,
+        offset: usize,
+        count: usize,
+    ) -> Result<SlotArray<N>, MemError> {
+        if count == 0 || !count.is_power_of_two() || count > (1 << 31) {
+            return Err(MemError::BadSlotCount { count });
+        }
+        let len = N
+            .checked_mul(count)
+            .ok_or(MemError::BadSlotCount { count })?;
+        if N == 0 {
+            return Err(MemError::Misaligned { offset, len: N });
+        }
+        self.check(offset, len)?;
+        Ok(SlotArray {
+            region: self.clone(),
+            offset,
+            mask: (count - 1) as u32,
+        })
+    }
+
+    /// Copies `buf.len()` bytes out of the region at `offset` (both multiples of 4).
+    pub fn read(&self, offset: usize, buf: &mut [u8]) -> Result<(), MemError> {
+        self.check(offset, buf.len())?;
+        self.read_unchecked(offset, buf);
+        Ok(())
+    }
+
+    /// Copies `data` into the region at `offset` (both multiples of 4).
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), MemError> {
+        self.check(offset, data.len())?;
+        self.write_unchecked(offset, data);
+        Ok(())
+    }
+
+    /// Sets `len` bytes at `offset` to zero.
+    pub fn zero(&self, offset: usize, len: usize) -> Result<(), MemError> {
+        self.check(offset, len)?;
+        for i in (0..len).step_by(4) {
+            self.with_word(offset + i, |w| w.store(0, Ordering::Relaxed));
+        }
+        Ok(())
+    }
+
+    /// Loads the word at `offset`.
+    pub fn load_u32(&self, offset: usize, order: Ordering) -> Result<u32, MemError> {
+        self.check(offset, 4)?;
+        Ok(self.with_word(offset, |w| w.load(order)))
+    }
+
+    /// Stores the word at `offset`.
+    pub fn store_u32(&self, offset: usize, value: u32, order: Ordering) -> Result<(), MemError> {
+        self.check(offset, 4)?;
+        self.with_word(offset, |w| w.store(value, order));
+        Ok(())
+    }
+
+    // --- the only code that turns offsets into memory accesses ---------------------------------
+
+    /// Runs `f` on the atomic word at `offset`, which the caller has bounds- and
+    /// alignment-checked against `self.len`.
+    #[inline(always)]
+    fn with_word<R>(&self, offset: usize, f: impl FnOnce(&AtomicU32) -> R) -> R {
+        debug_assert!(offset % 4 == 0 && offset + 4 <= self.len);
+        #[cfg(not(loom))]
+        {
+            let b = &*self.backing;
+            let abs = self.offset + offset;
+            debug_assert!(abs + 4 <= b.len);
+            // SAFETY: `abs + 4 <= b.len` because every caller checked `offset + 4 <= self.len`
+            // and windows are only created inside their parent (`subregion` checks), so the
+            // pointer is in bounds of the backing memory, which `from_raw_parts`/`alloc`
+            // guarantee valid while `self.backing` is alive. It is 4-byte aligned because the
+            // base is (checked in `from_raw_parts`, page-aligned in `alloc`) and all offsets
+            // are multiples of 4 (checked). All accesses to this memory are atomic, so no
+            // non-atomic access can race with this one.
+            let word = unsafe { AtomicU32::from_ptr(b.base.as_ptr().add(abs).cast::<u32>()) };
+            f(word)
+        }
+        #[cfg(loom)]
+        {
+            f(&self.backing.words[(self.offset + offset) / 4])
+        }
+    }
+
+    #[inline]
+    fn read_unchecked(&self, offset: usize, buf: &mut [u8]) {
+        for (i, chunk) in buf.chunks_exact_mut(4).enumerate() {
+            let v = self.with_word(offset + 4 * i, |w| w.load(Ordering::Relaxed));
+            chunk.copy_from_slice(&v.to_ne_bytes());
+        }
+    }
+
+    #[inline]
+    fn write_unchecked(&self, offset: usize, data: &[u8]) {
+        for (i, chunk) in data.chunks_exact(4).enumerate() {
+            let v = u32::from_ne_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+            self.with_word(offset + 4 * i, |w| w.store(v, Ordering::Relaxed));
+        }
+    }
+}
+
+/// One 32-bit word of shared memory (an index, an event word, a doorbell), checked once.
+#[derive(Clone, Debug)]
+pub struct SharedWord {
+    region: SharedRegion,
+    offset: usize,
+}
+
+impl SharedWord {
+    /// Atomic load.
+    #[inline]
+    pub fn load(&self, order: Ordering) -> u32 {
+        self.region.with_word(self.offset, |w| w.load(order))
+    }
+    /// Atomic store.
+    #[inline]
+    pub fn store(&self, value: u32, order: Ordering) {
+        self.region
+            .with_word(self.offset, |w| w.store(value, order))
+    }
+    /// Atomic swap, returning the previous value.
+    #[inline]
+    pub fn swap(&self, value: u32, order: Ordering) -> u32 {
+        self.region.with_word(self.offset, |w| w.swap(value, order))
+    }
+    /// Atomic compare-and-exchange; `Ok(previous)` when it stored `new`.
+    #[inline]
+    pub fn compare_exchange(
+        &self,
+        current: u32,
+        new: u32,
+        success: Ordering,
+        failure: Ordering,
+    ) -> Result<u32, u32> {
+        self.region.with_word(self.offset, |w| {
+            w.compare_exchange(current, new, success, failure)
+        })
+    }
+    /// Offset of the word inside its region.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+}
+
+/// A power-of-two array of `N`-byte slots in shared memory, indexed by free-running `u32`
+/// indexes (masked on access, so any index is in bounds).
+#[derive(Clone, Debug)]
+pub struct SlotArray<const N: usize> {
+    region: SharedRegion,
+    offset: usize,
+    mask: u32,
+}
+
+impl<const N: usize> SlotArray<N> {
+    const VALID: () = assert!(N > 0 && N % 4 == 0, "slot size must be a multiple of 4");
+
+    /// Number of slots (a power of two).
+    #[inline]
+    pub fn count(&self) -> u32 {
+        self.mask + 1
+    }
+
+    #[inline]
+    fn slot_offset(&self, idx: u32) -> usize {
+        self.offset + (idx & self.mask) as usize * N
+    }
+
+    /// Copies slot `idx` (masked) out of shared memory.
+    #[inline]
+    pub fn read(&self, idx: u32) -> [u8; N] {
+        let () = Self::VALID;
+        let mut out = [0u8; N];
+        self.region.read_unchecked(self.slot_offset(idx), &mut out);
+        out
+    }
+
+    /// Copies `data` into slot `idx` (masked).
+    #[inline]
+    pub fn write(&self, idx: u32, data: &[u8; N]) {
+        let () = Self::VALID;
+        self.region.write_unchecked(self.slot_offset(idx), data);
+    }
+
+    /// Copies the first `L` bytes of slot `idx` (masked); used to write a slot body before
+    /// publishing its last word.
+    #[inline]
+    pub fn write_head<const L: usize>(&self, idx: u32, data: &[u8; L]) {
+        const { assert!(L <= N && L % 4 == 0) };
+        self.region.write_unchecked(self.slot_offset(idx), data);
+    }
+
+    /// Loads the word at byte `OFF` of slot `idx` (masked).
+    #[inline]
+    pub fn load_word<const OFF: usize>(&self, idx: u32, order: Ordering) -> u32 {
+        const { assert!(OFF % 4 == 0 && OFF + 4 <= N) };
+        self.region
+            .with_word(self.slot_offset(idx) + OFF, |w| w.load(order))
+    }
+
+    /// Stores the word at byte `OFF` of slot `idx` (masked).
+    #[inline]
+    pub fn store_word<const OFF: usize>(&self, idx: u32, value: u32, order: Ordering) {
+        const { assert!(OFF % 4 == 0 && OFF + 4 <= N) };
+        self.region
+            .with_word(self.slot_offset(idx) + OFF, |w| w.store(value, order))
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_and_alignment_are_checked() {
+        let r = SharedRegion::alloc(64).unwrap();
+        assert!(matches!(r.word(64), Err(MemError::OutOfBounds { .. })));
+        assert!(matches!(r.word(2), Err(MemError::Misaligned { .. })));
+        assert!(matches!(
+            r.read(60, &mut [0; 8]),
+            Err(MemError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            r.read(usize::MAX - 3, &mut [0; 8]),
+            Err(MemError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            r.slots::<16>(0, 3),
+            Err(MemError::BadSlotCount { .. })
+        ));
+        assert!(matches!(
+            r.slots::<16>(16, 4),
+            Err(MemError::OutOfBounds { .. })
+        ));
+        assert!(r.slots::<16>(0, 4).is_ok());
+        assert!(matches!(
+            SharedRegion::alloc(6),
+            Err(MemError::BadRegionLength { .. })
+        ));
+        let sub = r.subregion(32, 32).unwrap();
+        assert!(sub.word(32).is_err());
+        assert!(r.subregion(32, 36).is_err());
+    }
+
+    #[test]
+    fn slots_mask_indexes_and_copy_bytes_exactly() {
+        let r = SharedRegion::alloc(128).unwrap();
+        let s = r.slots::<8>(64, 8).unwrap();
+        s.write(3, &[1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(s.read(3 + 8 * 1000), [1, 2, 3, 4, 5, 6, 7, 8]);
+        let mut raw = [0u8; 8];
+        r.read(64 + 24, &mut raw).unwrap();
+        assert_eq!(raw, [1, 2, 3, 4, 5, 6, 7, 8]);
+        s.store_word::<4>(3, 0xdead_beef, Ordering::Release);
+        assert_eq!(r.load_u32(64 + 28, Ordering::Acquire).unwrap(), 0xdead_beef);
+    }
+
+    #[test]
+    fn external_memory_is_kept_alive() {
+        let mut buf: Vec<u32> = vec![0u32; 16];
+        let ptr = std::ptr::NonNull::new(buf.as_mut_ptr().cast::<u8>()).unwrap();
+        // SAFETY: the vector's heap buffer lives in keep_alive as long as the region and is
+        // accessed only through the region from here on.
+        let r = unsafe { SharedRegion::from_raw_parts(ptr, 64, Box::new(buf)) }.unwrap();
+        r.store_u32(60, 7, Ordering::Relaxed).unwrap();
+        assert_eq!(r.load_u32(60, Ordering::Relaxed).unwrap(), 7);
+    }
+}
