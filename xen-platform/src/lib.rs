@@ -1,1 +1,27 @@
 //! Grants, event channels and XenStore transport, on real Xen and on the simulated Xen host.
+//!
+//! This is the one place where real Xen and the simulator differ (DESIGN.md §1–3). Code above
+//! it uses [`Platform`] and the handle types ([`SharedPages`], [`ForeignMapping`],
+//! [`EventChannel`]) and never learns which platform it runs on:
+//!
+//! - **real Xen**: `/dev/xen/gntalloc`, `/dev/xen/gntdev`, `/dev/xen/evtchn` through their
+//!   ioctls ([`xen::abi`], checked against the C headers), no C Xen library;
+//! - **simulated host** ([`sim`]): `vrdma-simhost` plays the hypervisor for processes on one
+//!   machine — memfd pages and eventfds passed over per-domain Unix sockets.
+//!
+//! Shared memory is untrusted: it is handed out as raw pointer + length ([`SharedRegion`]),
+//! never as Rust references; see [`region`] for the contract.
+
+pub mod detect;
+pub mod error;
+pub mod platform;
+pub mod region;
+pub mod sim;
+pub mod types;
+pub mod xen;
+
+pub use detect::{detect, PlatformKind, ENV_SIM_DIR, ENV_SIM_DOMID};
+pub use error::{Error, Result};
+pub use platform::{EventChannel, ForeignMapping, Platform, SharedPages};
+pub use region::SharedRegion;
+pub use types::{Access, DomId, EvtchnPort, GrantRef, UnmapNotify, PAGE_SIZE};

@@ -1,0 +1,12 @@
+//! The simulated Xen host: server ([`host`]), the domain-side client, and their protocol.
+
+pub mod host;
+pub mod proto;
+pub mod sock;
+pub mod wire;
+
+pub(crate) mod client;
+
+pub use client::SimControl;
+pub use host::{DomainHooks, SimHost, SimHostConfig, DEFAULT_MAX_GRANTS};
+pub use proto::DomainInfo;
