@@ -1,5 +1,103 @@
-//! `vrdma-xenstored --socket PATH`: the embedded XenStore server on a Unix socket (in progress).
+//! `vrdma-xenstored --socket PATH`: the embedded XenStore server on a Unix socket. Every client
+//! of the socket is dom0 (privileged), as local clients of xenstored's socket are.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use xenstore_proto::server::{Config, Quotas, Server};
+
+/// The embedded XenStore server (xenstored semantics) on a Unix socket.
+#[derive(Debug, Parser)]
+#[command(name = "vrdma-xenstored", version)]
+struct Args {
+    /// Socket to listen on (point libxenstore at it with XENSTORED_PATH).
+    #[arg(long)]
+    socket: PathBuf,
+    /// Additional sockets whose clients speak as a domain: `DOMID:PATH` (repeatable).
+    #[arg(long = "domain-socket", value_name = "DOMID:PATH")]
+    domain_sockets: Vec<String>,
+    /// Hand a released domain's nodes to dom0 instead of deleting them.
+    #[arg(long)]
+    keep_orphans: bool,
+    /// Nodes per unprivileged domain.
+    #[arg(long, default_value_t = Quotas::default().nodes)]
+    quota_nodes: u32,
+    /// Largest value an unprivileged domain may write, in bytes.
+    #[arg(long, default_value_t = Quotas::default().node_size)]
+    quota_node_size: u32,
+    /// Watches per unprivileged domain.
+    #[arg(long, default_value_t = Quotas::default().watches)]
+    quota_watches: u32,
+    /// Open transactions per unprivileged connection.
+    #[arg(long, default_value_t = Quotas::default().transactions)]
+    quota_transactions: u32,
+    /// Permission entries per node an unprivileged domain may set.
+    #[arg(long, default_value_t = Quotas::default().node_permissions)]
+    quota_node_permissions: u32,
+}
 
 fn main() -> anyhow::Result<()> {
-    anyhow::bail!("vrdma-xenstored is not implemented yet")
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let config = Config {
+        quotas: Quotas {
+            nodes: args.quota_nodes,
+            node_size: args.quota_node_size,
+            watches: args.quota_watches,
+            transactions: args.quota_transactions,
+            node_permissions: args.quota_node_permissions,
+        },
+        keep_orphans: args.keep_orphans,
+        ..Config::default()
+    };
+    let server = Server::try_new(config).context("starting the server")?;
+    let mut listeners = vec![server
+        .listen(&args.socket, 0)
+        .with_context(|| format!("listening on {}", args.socket.display()))?];
+    for spec in &args.domain_sockets {
+        let (domid, path) = spec
+            .split_once(':')
+            .with_context(|| format!("--domain-socket {spec:?}: expected DOMID:PATH"))?;
+        let domid: u32 = domid
+            .parse()
+            .with_context(|| format!("--domain-socket {spec:?}: bad domid"))?;
+        server
+            .introduce_domain(domid)
+            .with_context(|| format!("introducing domain {domid}"))?;
+        listeners.push(
+            server
+                .listen(path, domid)
+                .with_context(|| format!("listening on {path} for domain {domid}"))?,
+        );
+    }
+    tracing::info!(socket = %args.socket.display(), "vrdma-xenstored serving");
+    wait_for_signal()?;
+    drop(listeners);
+    server.shutdown();
+    Ok(())
+}
+
+/// Blocks until SIGINT or SIGTERM.
+fn wait_for_signal() -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("signal runtime")?;
+    rt.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r,
+            _ = term.recv() => Ok(()),
+        }
+    })
+    .context("waiting for a signal")?;
+    tracing::info!("signal received, stopping");
+    Ok(())
 }

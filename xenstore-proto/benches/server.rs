@@ -1,0 +1,2 @@
+//! Server throughput (placeholder until the benchmark lands).
+fn main() {}

@@ -1,0 +1,116 @@
+//! Server configuration: quotas and the handling of a released domain's nodes.
+
+/// Per-domain limits, applied to unprivileged domains only (dom0 is never limited), with
+/// xenstored 4.17's defaults. Names are those `GET_QUOTA`/`SET_QUOTA` use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quotas {
+    /// `nodes`: nodes a domain may own (xenstored `-E`, 1000). Exceeding it: `ENOSPC`.
+    pub nodes: u32,
+    /// `node-size`: largest value a domain may store, in bytes (xenstored `-S`, 2048).
+    /// Exceeding it: `ENOSPC`.
+    pub node_size: u32,
+    /// `watches`: watches per domain (xenstored `-W`, 128). Exceeding it: `E2BIG`, as 4.17.
+    pub watches: u32,
+    /// `transactions`: open transactions per connection (xenstored `-t`, 10). Exceeding it:
+    /// `ENOSPC`.
+    pub transactions: u32,
+    /// `node-permissions`: entries in one `SET_PERMS` (xenstored `-A`, 5). Exceeding it:
+    /// `ENOSPC`.
+    pub node_permissions: u32,
+}
+
+impl Default for Quotas {
+    fn default() -> Quotas {
+        Quotas {
+            nodes: 1000,
+            node_size: 2048,
+            watches: 128,
+            transactions: 10,
+            node_permissions: 5,
+        }
+    }
+}
+
+/// One named quota, as `GET_QUOTA`/`SET_QUOTA` address it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QuotaKind {
+    Nodes,
+    NodeSize,
+    Watches,
+    Transactions,
+    NodePermissions,
+}
+
+impl QuotaKind {
+    /// Every quota, in the order `GET_QUOTA` lists them.
+    pub const ALL: [QuotaKind; 5] = [
+        QuotaKind::Nodes,
+        QuotaKind::Watches,
+        QuotaKind::Transactions,
+        QuotaKind::NodePermissions,
+        QuotaKind::NodeSize,
+    ];
+
+    /// The name on the wire (xenstored's names).
+    pub fn name(self) -> &'static str {
+        match self {
+            QuotaKind::Nodes => "nodes",
+            QuotaKind::NodeSize => "node-size",
+            QuotaKind::Watches => "watches",
+            QuotaKind::Transactions => "transactions",
+            QuotaKind::NodePermissions => "node-permissions",
+        }
+    }
+
+    /// The quota with this wire name.
+    pub fn from_name(name: &str) -> Option<QuotaKind> {
+        Self::ALL.into_iter().find(|q| q.name() == name)
+    }
+}
+
+impl Quotas {
+    /// The value of one quota.
+    pub fn get(&self, kind: QuotaKind) -> u32 {
+        match kind {
+            QuotaKind::Nodes => self.nodes,
+            QuotaKind::NodeSize => self.node_size,
+            QuotaKind::Watches => self.watches,
+            QuotaKind::Transactions => self.transactions,
+            QuotaKind::NodePermissions => self.node_permissions,
+        }
+    }
+
+    /// Sets one quota.
+    pub fn set(&mut self, kind: QuotaKind, value: u32) {
+        match kind {
+            QuotaKind::Nodes => self.nodes = value,
+            QuotaKind::NodeSize => self.node_size = value,
+            QuotaKind::Watches => self.watches = value,
+            QuotaKind::Transactions => self.transactions = value,
+            QuotaKind::NodePermissions => self.node_permissions = value,
+        }
+    }
+}
+
+/// How the store is set up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Default quotas for every unprivileged domain (`SET_QUOTA` changes them at run time).
+    pub quotas: Quotas,
+    /// On domain release, hand the nodes the domain owns to dom0 instead of deleting them
+    /// (xenstored's `--keep-orphans`). Off by default, as in xenstored.
+    pub keep_orphans: bool,
+    /// Outgoing messages queued for one connection beyond which the connection is dropped
+    /// (a client that never reads its watch events must not exhaust the server).
+    pub max_queued_messages: usize,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            quotas: Quotas::default(),
+            keep_orphans: false,
+            max_queued_messages: 65536,
+        }
+    }
+}
