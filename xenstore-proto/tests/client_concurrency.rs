@@ -339,7 +339,7 @@ fn connection_identity_decides_permissions_and_relative_paths() {
 }
 
 #[test]
-fn listening_socket_and_env_constructor() {
+fn connects_through_a_listening_socket() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("socket");
     let server = server();
