@@ -10,9 +10,10 @@
 //! backend can tell a full CQ (overrun) from a free slot; it never writes the CQ pages, which
 //! the backend may grant read-only.
 //!
-//! Arming: the frontend sets the arm word, does a full fence and re-checks for a CQE; the
-//! backend, after writing CQEs, does a full fence and reads the arm word; if armed it clears it
-//! (compare-exchange, so one notification per arm) and notifies.
+//! Arming: the frontend writes a new arm number into the arm word, does a full fence and
+//! re-checks for a CQE; the backend, after writing CQEs, does a full fence and reads the arm
+//! word; if it holds an arm number it has not notified yet (and the solicited condition holds)
+//! it notifies once for it. The arm word has one writer, the frontend.
 
 use std::sync::atomic::Ordering;
 
@@ -49,6 +50,7 @@ pub struct CqWriter {
     prod_pvt: u32,
     cons_seen: u32,
     shift: u32,
+    notified_arm: u32,
 }
 
 impl CqWriter {
@@ -61,6 +63,7 @@ impl CqWriter {
             prod_pvt: 0,
             cons_seen: 0,
             shift,
+            notified_arm: 0,
         }
     }
     /// Number of CQEs.
@@ -107,19 +110,18 @@ impl CqWriter {
         self.write(&cqe.to_bytes())
     }
     /// After writing CQEs: whether to notify the CQ's event channel. `solicited` says whether a
-    /// solicited or error completion was among them. Disarms the CQ when it returns `true`.
+    /// solicited or error completion was among them. Returns `true` once per arm.
     #[inline]
-    pub fn notify_needed(&self, solicited: bool) -> bool {
+    pub fn notify_needed(&mut self, solicited: bool) -> bool {
         // Our owner-word stores must be visible before we read the arm word.
         full_fence();
         let a = self.db.arm.load(Ordering::Relaxed);
-        if a & arm::ARMED == 0 || (a & arm::SOLICITED_ONLY != 0 && !solicited) {
+        let number = a >> arm::NUMBER_SHIFT;
+        if number == self.notified_arm || (a & arm::SOLICITED_ONLY != 0 && !solicited) {
             return false;
         }
-        self.db
-            .arm
-            .compare_exchange(a, 0, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
+        self.notified_arm = number;
+        true
     }
 }
 
@@ -130,6 +132,7 @@ pub struct CqPoller {
     db: CqDoorbell,
     cons_pvt: u32,
     shift: u32,
+    arm_number: u32,
 }
 
 impl CqPoller {
@@ -141,6 +144,7 @@ impl CqPoller {
             db,
             cons_pvt: 0,
             shift,
+            arm_number: 0,
         }
     }
     /// Number of CQEs.
@@ -181,7 +185,11 @@ impl CqPoller {
     /// Arms the CQ for one notification; returns `true` if a CQE is already waiting (then do
     /// not block: poll instead).
     pub fn arm(&mut self, solicited_only: bool) -> bool {
-        let word = arm::ARMED
+        self.arm_number = match self.arm_number.wrapping_add(1) & (u32::MAX >> arm::NUMBER_SHIFT) {
+            0 => 1,
+            n => n,
+        };
+        let word = (self.arm_number << arm::NUMBER_SHIFT)
             | if solicited_only {
                 arm::SOLICITED_ONLY
             } else {

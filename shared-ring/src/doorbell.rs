@@ -4,7 +4,7 @@
 //!
 //! ```text
 //!    0  header line (backend, once):  0 magic u32 "VRDB"  4 version u32  8 slots u32
-//!   64  engine line (backend; frontend may swap 1 -> 0):  64 engine_sleeping u32
+//!   64  engine line (backend):  64 engine_sleeping u32 (bit 0 sleeping, bits 1.. sleep number)
 //!  128 + 128*k  slot k, front line (frontend writes):
 //!               SQ/RQ: +0 producer index          CQ: +0 arm word, +4 consumer index
 //!  192 + 128*k  slot k, back line (backend writes):
@@ -14,10 +14,11 @@
 //! assigns slots at `CreateQp` / `CreateCq`.
 //!
 //! Kick protocol (the `req_event` idea, nfecomm's lesson: never one notification per post):
-//! the engine stores `engine_sleeping = 1`, does a full fence and re-checks every producer
-//! index before it blocks; the frontend release-stores a producer index, does a full fence and
-//! reads `engine_sleeping`; if it is 1 it swaps it to 0 and, if it won the swap, notifies the
-//! event channel. One of the two fences always sees the other side's store: no lost wake-up.
+//! the engine stores `engine_sleeping = (n << 1) | 1` for its n-th sleep, does a full fence and
+//! re-checks every producer index before it blocks; the frontend release-stores a producer
+//! index, does a full fence and reads `engine_sleeping`; if bit 0 is set and it has not kicked
+//! sleep `n` yet, it notifies the event channel. One of the two fences always sees the other
+//! side's store: no lost wake-up. Every word has exactly one writer.
 
 use std::sync::atomic::Ordering;
 
@@ -50,12 +51,14 @@ pub mod field {
 pub const ENGINE_AWAKE: u32 = 0;
 pub const ENGINE_SLEEPING: u32 = 1;
 
-/// CQ arm word bits.
+/// CQ arm word: written only by the frontend, `(arm_number << 1) | solicited_only`. Each
+/// `arm` bumps the arm number (never 0 after the first arm); the backend notifies once per
+/// arm number it has not notified yet.
 pub mod arm {
-    /// Send an event-channel notification for the next completion.
-    pub const ARMED: u32 = 1 << 0;
-    /// ... only if it is solicited (or an error).
-    pub const SOLICITED_ONLY: u32 = 1 << 1;
+    /// Notify only for a solicited (or error) completion.
+    pub const SOLICITED_ONLY: u32 = 1 << 0;
+    /// Shift of the arm number.
+    pub const NUMBER_SHIFT: u32 = 1;
 }
 
 /// Errors opening a doorbell page.
@@ -137,9 +140,18 @@ impl DoorbellPage {
         Ok(field::SLOT_BASE + slot as usize * field::SLOT_LEN)
     }
 
-    /// The engine's sleep word.
-    pub fn engine(&self) -> Result<EngineWord, DoorbellError> {
-        Ok(EngineWord(self.region.word(field::ENGINE_SLEEPING)?))
+    /// The engine's side of the sleep word (backend).
+    pub fn engine_sleep(&self) -> Result<EngineSleep, DoorbellError> {
+        Ok(EngineSleep::from_word(
+            self.region.word(field::ENGINE_SLEEPING)?,
+        ))
+    }
+
+    /// The frontend's side of the sleep word (one per posting context).
+    pub fn engine_kick(&self) -> Result<EngineKick, DoorbellError> {
+        Ok(EngineKick::from_word(
+            self.region.word(field::ENGINE_SLEEPING)?,
+        ))
     }
 
     /// The producer and consumer index words of an SQ/RQ slot.
@@ -176,55 +188,83 @@ pub struct QueueDoorbell {
 /// Words of a completion queue.
 #[derive(Debug, Clone)]
 pub struct CqDoorbell {
-    /// Arm word (frontend sets, backend clears when it notifies).
+    /// Arm word (frontend writes; see [`arm`]).
     pub arm: SharedWord,
     /// Consumer index (frontend writes).
     pub cons: SharedWord,
 }
 
-/// The engine's "sleeping, kick me" word.
-#[derive(Debug, Clone)]
-pub struct EngineWord(SharedWord);
+/// Engine side of the "sleeping, kick me" word. The word is written only by the engine:
+/// bit 0 = sleeping, bits 1..32 = sleep sequence number (so a frontend kicks once per sleep).
+#[derive(Debug)]
+pub struct EngineSleep {
+    word: SharedWord,
+    seq: u32,
+}
 
-impl EngineWord {
+impl EngineSleep {
     /// Wraps a word (for layouts other than the doorbell page, and for tests).
     pub fn from_word(word: SharedWord) -> Self {
-        Self(word)
+        Self { word, seq: 0 }
     }
 
-    /// Engine: announce sleep. Afterwards re-check every producer index; if there is work,
-    /// call [`Self::wake`] and go on, else block on the event channel.
-    pub fn prepare_sleep(&self) {
-        self.0.store(ENGINE_SLEEPING, Ordering::Relaxed);
+    /// Announce sleep. Afterwards re-check every producer index; if there is work, call
+    /// [`Self::wake`] and go on, else block on the event channel.
+    pub fn prepare_sleep(&mut self) {
+        self.seq = self.seq.wrapping_add(1) & (u32::MAX >> 1);
+        self.word
+            .store((self.seq << 1) | ENGINE_SLEEPING, Ordering::Relaxed);
         // Our store must be visible before we read the producer indexes.
         full_fence();
     }
 
-    /// Engine: awake again (after a notification or a successful re-check).
-    pub fn wake(&self) {
-        self.0.store(ENGINE_AWAKE, Ordering::Relaxed);
+    /// Awake again (after a notification or a successful re-check).
+    pub fn wake(&mut self) {
+        self.word.store(self.seq << 1, Ordering::Relaxed);
+    }
+}
+
+/// Frontend side of the engine's sleep word: read-only, remembers which sleep it kicked.
+#[derive(Debug)]
+pub struct EngineKick {
+    word: SharedWord,
+    last_kicked: u32,
+}
+
+impl EngineKick {
+    /// Wraps a word (for layouts other than the doorbell page, and for tests).
+    pub fn from_word(word: SharedWord) -> Self {
+        Self {
+            word,
+            last_kicked: 0,
+        }
     }
 
-    /// Frontend, after publishing a producer index: whether to notify the engine's event
-    /// channel. At most one of several racing callers gets `true` per sleep.
+    /// After publishing a producer index: whether to notify the engine's event channel.
+    /// Returns `true` at most once per engine sleep (per `EngineKick`).
     #[inline]
-    pub fn kick_needed(&self) -> bool {
+    pub fn kick_needed(&mut self) -> bool {
         // The producer index must be visible before we read the sleep word.
         full_fence();
-        self.0.load(Ordering::Relaxed) == ENGINE_SLEEPING
-            && self.0.swap(ENGINE_AWAKE, Ordering::Relaxed) == ENGINE_SLEEPING
+        let v = self.word.load(Ordering::Relaxed);
+        if v & ENGINE_SLEEPING != 0 && v != self.last_kicked {
+            self.last_kicked = v;
+            true
+        } else {
+            false
+        }
     }
 
     /// Raw value (for diagnostics).
     pub fn value(&self) -> u32 {
-        self.0.load(Ordering::Relaxed)
+        self.word.load(Ordering::Relaxed)
     }
 }
 
 impl<const N: usize> crate::queue::Producer<N> {
     /// Publishes written slots and says whether the engine must be kicked (notified).
     #[inline]
-    pub fn publish_and_check_kick(&mut self, engine: &EngineWord) -> bool {
+    pub fn publish_and_check_kick(&mut self, engine: &mut EngineKick) -> bool {
         self.publish();
         engine.kick_needed()
     }
@@ -266,10 +306,16 @@ mod tests {
     #[test]
     fn kick_only_when_sleeping_and_only_once() {
         let r = SharedRegion::alloc(4096).unwrap();
-        let e = DoorbellPage::init(r, 1).unwrap().engine().unwrap();
-        assert!(!e.kick_needed());
+        let db = DoorbellPage::init(r, 1).unwrap();
+        let mut e = db.engine_sleep().unwrap();
+        let mut k = db.engine_kick().unwrap();
+        assert!(!k.kick_needed());
         e.prepare_sleep();
-        assert!(e.kick_needed());
-        assert!(!e.kick_needed());
+        assert!(k.kick_needed());
+        assert!(!k.kick_needed(), "one kick per sleep");
+        e.wake();
+        assert!(!k.kick_needed());
+        e.prepare_sleep();
+        assert!(k.kick_needed(), "a new sleep needs a new kick");
     }
 }
