@@ -74,6 +74,15 @@ pub enum Error {
         source: io::Error,
     },
 
+    /// Talking to XenStore failed.
+    #[error("XenStore ({what}): {source}")]
+    XenStore {
+        /// Which store / what we did.
+        what: String,
+        /// The client's error.
+        source: xenstore_proto::client::Error,
+    },
+
     /// The simulated host refused or failed a request.
     #[error("simulated Xen host: {0}")]
     SimHost(String),

@@ -22,6 +22,8 @@ pub mod xen;
 
 pub use detect::{detect, PlatformKind, ENV_SIM_DIR, ENV_SIM_DOMID};
 pub use error::{Error, Result};
-pub use platform::{EventChannel, ForeignMapping, Platform, SharedPages};
+pub use platform::{EventChannel, ForeignMapping, Platform, SharedPages, XenStoreEndpoint};
 pub use region::SharedRegion;
 pub use types::{Access, DomId, EvtchnPort, GrantRef, UnmapNotify, PAGE_SIZE};
+/// The XenStore crate this platform speaks (its client types are part of this API).
+pub use xenstore_proto;

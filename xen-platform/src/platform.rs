@@ -2,8 +2,11 @@
 //! whichever platform this process runs on. Code above this crate uses only these types.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
+
 use std::time::Duration;
+use xenstore_proto::client::{AsyncClient, Client, DEFAULT_SOCKET_PATH, XENSTORED_PATH_ENV};
 
 use crate::detect::{self, PlatformKind};
 use crate::error::{Error, Result};
@@ -13,6 +16,7 @@ use crate::types::{Access, DomId, EvtchnPort, GrantRef, UnmapNotify, PAGE_SIZE};
 use crate::xen::evtchn::XenEvtchn;
 use crate::xen::gntalloc::{Gntalloc, XenShare};
 use crate::xen::gntdev::{Gntdev, XenMapping};
+use crate::xen::XENBUS_DEV;
 
 /// Access to grants and event channels on this platform. Cheap to clone; `Send + Sync`.
 #[derive(Debug, Clone)]
@@ -148,6 +152,102 @@ impl Platform {
             },
             remote,
         })
+    }
+}
+
+/// Where this domain's XenStore is reached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum XenStoreEndpoint {
+    /// A xenstored-style Unix socket (dom0's `/run/xenstored/socket`, `$XENSTORED_PATH`, or a
+    /// simulated domain's socket, which carries that domain's identity).
+    Socket(PathBuf),
+    /// The xenbus device of a Xen guest (`/dev/xen/xenbus`).
+    Xenbus(PathBuf),
+}
+
+impl std::fmt::Display for XenStoreEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            XenStoreEndpoint::Socket(p) => write!(f, "socket {}", p.display()),
+            XenStoreEndpoint::Xenbus(p) => write!(f, "device {}", p.display()),
+        }
+    }
+}
+
+/// The XenStore endpoint on real Xen: `$XENSTORED_PATH` if set, else the xenstored socket if
+/// this is the control domain and the socket exists, else the xenbus device.
+pub fn xen_xenstore_endpoint(
+    xenstored_path: Option<std::ffi::OsString>,
+    control_domain: bool,
+    socket_exists: impl Fn(&Path) -> bool,
+) -> XenStoreEndpoint {
+    if let Some(p) = xenstored_path.filter(|p| !p.is_empty()) {
+        return XenStoreEndpoint::Socket(p.into());
+    }
+    for s in [DEFAULT_SOCKET_PATH, "/var/run/xenstored/socket"] {
+        if control_domain && socket_exists(Path::new(s)) {
+            return XenStoreEndpoint::Socket(s.into());
+        }
+    }
+    XenStoreEndpoint::Xenbus(XENBUS_DEV.into())
+}
+
+impl Platform {
+    /// Where this domain's XenStore is.
+    pub fn xenstore_endpoint(&self) -> XenStoreEndpoint {
+        match &self.inner.kind {
+            PlatformKind::Sim { dir, domid } => {
+                XenStoreEndpoint::Socket(crate::sim::sock::xenstore_socket(dir, domid.0))
+            }
+            PlatformKind::Xen { control_domain } => {
+                xen_xenstore_endpoint(std::env::var_os(XENSTORED_PATH_ENV), *control_domain, |p| {
+                    p.exists()
+                })
+            }
+        }
+    }
+
+    /// Connect to XenStore as this domain (blocking client; see xenstore-proto's docs).
+    pub fn xenstore(&self) -> Result<Client> {
+        let ep = self.xenstore_endpoint();
+        let r = match &ep {
+            XenStoreEndpoint::Socket(p) => Client::connect(p),
+            XenStoreEndpoint::Xenbus(p) => Client::open_xenbus(p),
+        };
+        r.map_err(|source| Error::XenStore {
+            what: format!("connecting to {ep}"),
+            source,
+        })
+    }
+
+    /// Connect to XenStore as this domain (tokio client; call inside a tokio runtime).
+    pub async fn xenstore_async(&self) -> Result<AsyncClient> {
+        let ep = self.xenstore_endpoint();
+        let r = match &ep {
+            XenStoreEndpoint::Socket(p) => AsyncClient::connect(p).await,
+            XenStoreEndpoint::Xenbus(p) => AsyncClient::open_xenbus(p),
+        };
+        r.map_err(|source| Error::XenStore {
+            what: format!("connecting to {ep}"),
+            source,
+        })
+    }
+
+    /// This domain's id: known directly on the simulated host and in dom0, otherwise read from
+    /// XenStore (`domid`, relative to the domain's home, as xl writes it).
+    pub fn domid(&self) -> Result<DomId> {
+        if let Some(d) = self.known_domid() {
+            return Ok(d);
+        }
+        let xs = self.xenstore()?;
+        let text = xs.read_string("domid").map_err(|source| Error::XenStore {
+            what: "reading domid".into(),
+            source,
+        })?;
+        text.trim()
+            .parse::<u16>()
+            .map(DomId)
+            .map_err(|_| Error::Protocol(format!("XenStore domid {text:?} is not a number")))
     }
 }
 
@@ -445,5 +545,34 @@ impl mio::event::Source for EventChannel {
 
     fn deregister(&mut self, registry: &mio::Registry) -> std::io::Result<()> {
         mio::unix::SourceFd(&self.as_raw_fd()).deregister(registry)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn xenstore_endpoint_on_xen() {
+        let none = |_: &Path| false;
+        let all = |_: &Path| true;
+        assert_eq!(
+            xen_xenstore_endpoint(None, false, all),
+            XenStoreEndpoint::Xenbus("/dev/xen/xenbus".into()),
+            "a guest uses the xenbus device even if a socket path exists"
+        );
+        assert_eq!(
+            xen_xenstore_endpoint(None, true, all),
+            XenStoreEndpoint::Socket(DEFAULT_SOCKET_PATH.into())
+        );
+        assert_eq!(
+            xen_xenstore_endpoint(None, true, none),
+            XenStoreEndpoint::Xenbus("/dev/xen/xenbus".into()),
+            "dom0 without xenstored socket falls back to xenbus"
+        );
+        assert_eq!(
+            xen_xenstore_endpoint(Some("/tmp/xs".into()), false, none),
+            XenStoreEndpoint::Socket("/tmp/xs".into())
+        );
     }
 }

@@ -21,6 +21,7 @@ use rustix::fs::{MemfdFlags, Mode, OFlags, SealFlags};
 use super::proto::{self, Control, ControlReply, DomainInfo, Failure, Reply, Request, Segment};
 use super::sock;
 use super::wire::{self, Received, MAX_FDS};
+use super::xenstore::SimXenStore;
 use crate::error::libc_errno::{EINVAL, ENOSPC, EPERM};
 use crate::error::{Error, Result};
 use crate::types::{DomId, UnmapNotify, PAGE_SIZE};
@@ -53,25 +54,17 @@ impl SimHostConfig {
 }
 
 /// Hooks the host calls as domains come and go (the XenStore side plugs in here).
-pub trait DomainHooks: Send + Sync {
+pub(crate) trait DomainHooks: Send + Sync {
     /// A domain was created; `dir` is the host directory.
     fn created(&self, dir: &Path, domid: DomId, name: &str) -> std::result::Result<(), String>;
     /// A domain was destroyed (its processes are already killed).
     fn destroyed(&self, dir: &Path, domid: DomId);
 }
 
-struct NoHooks;
-
-impl DomainHooks for NoHooks {
-    fn created(&self, _: &Path, _: DomId, _: &str) -> std::result::Result<(), String> {
-        Ok(())
-    }
-    fn destroyed(&self, _: &Path, _: DomId) {}
-}
-
 /// A running simulated host (in this process). Dropping it stops it.
 pub struct SimHost {
     host: Arc<Host>,
+    xenstore: Arc<SimXenStore>,
 }
 
 struct Host {
@@ -81,7 +74,7 @@ struct Host {
     ids: AtomicU64,
     stopping: AtomicBool,
     control_listener: OwnedFd,
-    hooks: Box<dyn DomainHooks>,
+    hooks: Arc<dyn DomainHooks>,
 }
 
 #[derive(Default)]
@@ -153,13 +146,10 @@ fn fail(errno: i32, msg: impl Into<String>) -> Failure {
 }
 
 impl SimHost {
-    /// Start a host in `config.dir`, with dom0 ("Domain-0") created.
+    /// Start a host in `config.dir`, with its XenStore and dom0 ("Domain-0") created.
     pub fn start(config: SimHostConfig) -> Result<SimHost> {
-        Self::start_with_hooks(config, Box::new(NoHooks))
-    }
-
-    /// [`SimHost::start`] with hooks called as domains come and go.
-    pub fn start_with_hooks(config: SimHostConfig, hooks: Box<dyn DomainHooks>) -> Result<SimHost> {
+        let xenstore = Arc::new(SimXenStore::new()?);
+        let hooks: Arc<dyn DomainHooks> = xenstore.clone();
         let dir = std::path::absolute(&config.dir)
             .map_err(|e| Error::os(format!("{}", config.dir.display()), e))?;
         std::fs::create_dir_all(dir.join("domains"))
@@ -190,7 +180,7 @@ impl SimHost {
             .spawn(move || h.accept_loop(None))
             .map_err(|e| Error::os("spawn control thread", e))?;
         tracing::info!("simulated Xen host serving {}", host.dir.display());
-        Ok(SimHost { host })
+        Ok(SimHost { host, xenstore })
     }
 
     /// The host directory.
@@ -217,6 +207,11 @@ impl SimHost {
     /// One row per domain.
     pub fn list_domains(&self) -> Vec<DomainInfo> {
         self.host.list()
+    }
+
+    /// The embedded XenStore server (for in-process dom0 clients: `server.connect(0)`).
+    pub fn xenstore_server(&self) -> &xenstore_proto::server::Server {
+        self.xenstore.server()
     }
 
     /// Stop serving: close every socket (processes see their host hang up).
@@ -288,6 +283,15 @@ impl Host {
         if name.contains('/') || name.len() > 64 {
             return Err(fail(EINVAL, format!("bad domain name {name:?}")));
         }
+        {
+            let st = self.lock();
+            if st.domains.values().any(|d| d.name == name) {
+                return Err(fail(EEXIST, format!("a domain named {name:?} exists")));
+            }
+            if st.domains.contains_key(&domid) {
+                return Err(fail(EEXIST, format!("domain {domid} exists")));
+            }
+        }
         let ddir = sock::domain_dir(&self.dir, domid);
         std::fs::create_dir_all(&ddir)
             .map_err(|e| fail(EINVAL, format!("create {}: {e}", ddir.display())))?;
@@ -297,11 +301,15 @@ impl Host {
         let keep = sock::dup(&listener).map_err(|e| fail(EINVAL, format!("dup: {e}")))?;
         {
             let mut st = self.lock();
-            if st.domains.values().any(|d| d.name == name) {
-                return Err(fail(EEXIST, format!("a domain named {name:?} exists")));
-            }
-            if st.domains.contains_key(&domid) {
-                return Err(fail(EEXIST, format!("domain {domid} exists")));
+            if st.domains.contains_key(&domid) || st.domains.values().any(|d| d.name == name) {
+                // Lost a race with another create of the same name or id.
+                drop(st);
+                let _ = std::fs::remove_file(&path);
+                let _ = std::fs::remove_dir(&ddir);
+                return Err(fail(
+                    EEXIST,
+                    format!("domain {domid} or name {name:?} exists"),
+                ));
             }
             st.domains.insert(
                 domid,

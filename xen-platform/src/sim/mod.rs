@@ -4,9 +4,10 @@ pub mod host;
 pub mod proto;
 pub mod sock;
 pub mod wire;
+pub mod xenstore;
 
 pub(crate) mod client;
 
 pub use client::SimControl;
-pub use host::{DomainHooks, SimHost, SimHostConfig, DEFAULT_MAX_GRANTS};
+pub use host::{SimHost, SimHostConfig, DEFAULT_MAX_GRANTS};
 pub use proto::DomainInfo;

@@ -1,0 +1,145 @@
+//! The simulated host's XenStore: xenstore-proto's embedded server, one socket per domain
+//! carrying that domain's identity (dom0's is privileged), with the nodes and permissions xl
+//! creates for a domain, `@introduceDomain` on create and `@releaseDomain` on destroy.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Mutex;
+
+use xenstore_proto::client::Client;
+use xenstore_proto::server::{Config, Listener, Server};
+use xenstore_proto::wire::{Perm, PermKind, Perms};
+
+use super::host::DomainHooks;
+use super::sock;
+use crate::error::{Error, Result};
+use crate::types::DomId;
+
+pub(crate) struct SimXenStore {
+    server: Server,
+    dom0: Client,
+    listeners: Mutex<HashMap<u16, Listener>>,
+}
+
+/// The `/vm/<uuid>` path of a simulated domain (a made-up, stable uuid).
+pub fn vm_path(domid: DomId) -> String {
+    format!("/vm/00000000-0000-0000-0000-{:012x}", domid.0)
+}
+
+impl SimXenStore {
+    pub(crate) fn new() -> Result<SimXenStore> {
+        let server = Server::try_new(Config::default())
+            .map_err(|e| Error::SimHost(format!("XenStore server: {e}")))?;
+        let stream = server
+            .connect(0)
+            .map_err(|e| Error::SimHost(format!("XenStore server: {e}")))?;
+        let dom0 = Client::from_unix_stream(stream)
+            .map_err(|e| Error::SimHost(format!("XenStore dom0 client: {e}")))?;
+        Ok(SimXenStore {
+            server,
+            dom0,
+            listeners: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub(crate) fn server(&self) -> &Server {
+        &self.server
+    }
+
+    /// What libxl's `libxl__domain_make` writes, in one transaction: the domain's directory
+    /// readable by the domain (`roperm` = n0 r<id>), and the subtrees the domain owns
+    /// (`rwperm` = n<id>).
+    fn make_domain_nodes(&self, domid: DomId, name: &str) -> xenstore_proto::client::Result<()> {
+        let d = u32::from(domid.0);
+        let dom_path = format!("/local/domain/{d}");
+        let vm = vm_path(domid);
+        let roperm = Perms(vec![
+            Perm::new(PermKind::None, 0),
+            Perm::new(PermKind::Read, d),
+        ]);
+        let rwperm = Perms(vec![Perm::new(PermKind::None, d)]);
+        self.dom0.transaction(|t| {
+            if t.exists(&dom_path)? {
+                t.rm(&dom_path)?;
+            }
+            t.mkdir(&dom_path)?;
+            t.set_perms(&dom_path, &roperm)?;
+            t.mkdir(&vm)?;
+            t.set_perms(&vm, &roperm)?;
+            t.write(&format!("{vm}/uuid"), &vm["/vm/".len()..])?;
+            t.write(&format!("{vm}/name"), name)?;
+            for (node, value, perms) in [
+                ("vm", vm.as_str(), &roperm),
+                ("name", name, &roperm),
+                ("domid", &d.to_string(), &roperm),
+                ("device", "", &roperm),
+                ("control", "", &roperm),
+                ("control/shutdown", "", &rwperm),
+                ("control/feature-poweroff", "", &rwperm),
+                ("control/feature-reboot", "", &rwperm),
+                ("control/feature-suspend", "", &rwperm),
+                ("control/sysrq", "", &rwperm),
+                ("data", "", &rwperm),
+                ("drivers", "", &rwperm),
+                ("feature", "", &rwperm),
+                ("attr", "", &rwperm),
+                ("error", "", &rwperm),
+                ("memory", "", &roperm),
+                ("device/suspend/event-channel", "", &rwperm),
+            ] {
+                let p = format!("{dom_path}/{node}");
+                t.write(&p, value)?;
+                t.set_perms(&p, perms)?;
+            }
+            Ok(())
+        })
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl DomainHooks for SimXenStore {
+    fn created(&self, dir: &Path, domid: DomId, name: &str) -> std::result::Result<(), String> {
+        let path = sock::xenstore_socket(dir, domid.0);
+        let listener = self
+            .server
+            .listen(&path, u32::from(domid.0))
+            .map_err(|e| format!("XenStore socket: {e}"))?;
+        lock(&self.listeners).insert(domid.0, listener);
+        if domid == DomId::DOM0 {
+            // What xen-init-dom0 writes.
+            self.dom0
+                .write("/local/domain/0/name", name)
+                .and_then(|()| self.dom0.write("/local/domain/0/domid", "0"))
+                .map_err(|e| format!("XenStore: {e}"))?;
+            return Ok(());
+        }
+        self.make_domain_nodes(domid, name)
+            .map_err(|e| format!("XenStore nodes of domain {domid}: {e}"))?;
+        self.server
+            .introduce_domain(u32::from(domid.0))
+            .map_err(|e| format!("XenStore introduce: {e}"))
+    }
+
+    fn destroyed(&self, _dir: &Path, domid: DomId) {
+        lock(&self.listeners).remove(&domid.0);
+        if domid == DomId::DOM0 {
+            self.server.shutdown();
+            return;
+        }
+        // As libxl: remove the domain's paths, then the domain dies and xenstored fires
+        // @releaseDomain.
+        for p in [format!("/local/domain/{}", domid.0), vm_path(domid)] {
+            if let Err(e) = self.dom0.rm(&p) {
+                if !e.is_not_found() {
+                    tracing::warn!("XenStore: rm {p}: {e}");
+                }
+            }
+        }
+        if let Err(e) = self.server.release_domain(u32::from(domid.0)) {
+            tracing::warn!("XenStore: release domain {domid}: {e}");
+        }
+    }
+}
