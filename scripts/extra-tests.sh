@@ -1,5 +1,16 @@
 # Sourced by scripts/test-all.sh after the workspace tests.  Each lane either runs or calls
 # `skip "why"`.  Variables available: have_miri (1 when cargo +nightly miri works).
 
-# (lanes are added here by the rooms that need them: loom, miri, the Xen lab)
-:
+# --- shared-ring: loom models of the notification hold-off, doorbell kick and CQ arming ------
+# (loom_fence is the negative control: without the full fence loom must find a lost wake-up.)
+say "shared-ring: loom models"
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+    cargo test -p shared-ring --release --test loom --test loom_fence
+
+# --- shared-ring: miri over the ring, queue, CQ and hostile-peer tests ------------------------
+if [ "$have_miri" = 1 ]; then
+    say "shared-ring: miri (lib, hostile, props)"
+    cargo +nightly miri test -p shared-ring --lib --test hostile --test props
+else
+    skip "shared-ring miri lane: nightly toolchain with miri is not available"
+fi
