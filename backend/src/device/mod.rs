@@ -1,0 +1,360 @@
+//! The RDMA device of the backend: the [`Device`] trait the daemon drives, and the software
+//! device model ([`SoftDevice`]) that plays an RDMA NIC where the host has none.
+//!
+//! # Contract with the daemon
+//!
+//! The daemon owns XenStore, the control ring, quotas, page allocation and the channel's event
+//! channel; the device owns everything the data path touches. Every piece of shared memory
+//! reaches the device as a [`shared_ring::SharedRegion`] (a bounds-checked window whose
+//! `keep_alive` owns the grant mapping or the granted pages), so the device never learns which
+//! platform it runs on and tests run on plain memory ([`SharedRegion::alloc`]). The helpers in
+//! [`platform`] turn `xen_platform` handles into regions.
+//!
+//! * Channel: [`Device::open_channel`] with the channel's doorbell page and event-ring page
+//!   (backend-allocated, granted to the guest; the device initialises both) and a
+//!   [`Notifier`] that sends the channel's event. The daemon keeps the event channel: whenever
+//!   it fires, the daemon serves the control ring *and* calls [`Device::kick`], which wakes a
+//!   sleeping engine (the frontend only notifies when the doorbell page's sleep word says the
+//!   engine sleeps). [`Device::close_channel`] frees everything the channel held.
+//! * Handles ([`PdId`], [`MrHandle`], [`CqId`], [`QpNum`]) are unique on this device and never 0;
+//!   every call checks that the handle belongs to the calling channel, so the daemon may hand
+//!   them to the guest as they are. QP numbers are the RC endpoint addresses of this backend.
+//! * Doorbell slots are chosen by the daemon (it returns them to the guest) and checked here:
+//!   in range, not in use by another queue of the channel.
+//! * Async events (QP fatal, CQ overrun, QP established/disconnected) are written by the device
+//!   into the channel's event ring; the daemon adds its own with [`Device::post_event`] (the
+//!   ring has a single producer, the device).
+//! * Mediated mode ([`ChannelMode::Mediated`]) is a per-channel switch: the device ignores the
+//!   guest's doorbell indexes and uses private ones that [`Device::post_mediated`],
+//!   [`Device::poll_cq_mediated`] and [`Device::arm_cq`] drive.
+//!
+//! # RC semantics of the software device
+//!
+//! * Connection model: intra-host only. [`Device::connect_qp`] pairs two RC QPs of this backend
+//!   (any channels, any domains); when both ends have named each other, both go to RTS and each
+//!   channel gets a `QpEstablished` event. Destroying a QP (or closing its channel) moves its
+//!   peer to Error (flush) and sends the peer `QpDisconnected`.
+//! * Per-QP ordering: WQEs execute and complete in SQ order; receives are consumed in RQ order.
+//! * No RNR: a SEND (or WRITE with immediate) that finds no posted RECV at the peer waits, with
+//!   the sending QP blocked in order, until a RECV is posted — what an RC QP with infinite RNR
+//!   retry does. Frontends must use the kick protocol for RQ posts too.
+//! * SGE `offset` is relative to the start of the region its `lkey` names; `remote_addr` is an
+//!   address in the target region's `iova` space. lkeys must belong to the QP's channel and PD;
+//!   rkeys to the *peer* QP's channel and PD (an rkey of another domain is legal, for the region
+//!   it names only). Access: gather needs nothing, scatter needs `LOCAL_WRITE`, RDMA WRITE
+//!   `REMOTE_WRITE`, RDMA READ `REMOTE_READ` on the target region.
+//! * Errors complete the failing WQE with an error status and move the QP to Error; every
+//!   outstanding and later WQE of both its queues completes with `WrFlushError` (errors and
+//!   flushes always produce a CQE, signaled or not). Statuses:
+//!   garbage WQE → `BadWqe`; bad lkey / local bounds / missing local access →
+//!   `LocalProtectionError`; bad rkey / remote bounds / missing remote access →
+//!   `RemoteAccessError` (the responder QP is not affected); message longer than the RECV →
+//!   `LocalLengthError` at the responder and `RemoteInvalidRequest` at the requester (both go
+//!   to Error); garbage RECV at the responder → `BadWqe` there and `RemoteOperationError` at the
+//!   requester (both to Error); peer QP gone or in Error → `RetryExceeded`.
+//! * A CQ that overflows (or whose consumer index is garbage) is in error for good: a
+//!   `CqOverrun` event is sent once, completions for it are dropped, and the QP whose completion
+//!   was lost goes to Error (`QpFatal`).
+//! * Completions to an armed CQ notify the channel once per arm (errors count as solicited).
+//!
+//! # Changes after the first version
+//!
+//! Additive only; listed here.
+
+mod engine;
+mod exec;
+mod mr;
+pub mod platform;
+mod soft;
+mod stats;
+
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use shared_ring::abi::control::{QpState, Status};
+use shared_ring::abi::cqe::CqeRepr;
+use shared_ring::abi::event::EventRepr;
+use shared_ring::SharedRegion;
+
+pub use shared_ring::abi::control::{access, DeviceAttrs};
+pub use soft::SoftDevice;
+pub use xen_platform::DomId;
+
+/// A channel of this device (one guest process).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ChannelId(pub u32);
+/// A protection domain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PdId(pub u32);
+/// A registered memory region (for deregistration; the data path uses the keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MrHandle(pub u32);
+/// A completion queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CqId(pub u32);
+/// A queue pair: its number is its handle and its RC endpoint address on this backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct QpNum(pub u32);
+
+/// Sends the channel's event (to the frontend). The daemon implements it with the channel's
+/// event channel ([`platform`] has an implementation for `xen_platform::EventChannel`).
+pub trait Notifier: Send + Sync {
+    /// Notify the frontend: a completion on an armed CQ, or an async event.
+    fn notify(&self);
+}
+
+impl<F: Fn() + Send + Sync> Notifier for F {
+    fn notify(&self) {
+        self()
+    }
+}
+
+/// How the frontend posts and polls on a channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ChannelMode {
+    /// The bypass: the frontend writes WQEs and doorbell indexes and polls CQEs itself.
+    #[default]
+    Bypass,
+    /// Every post and poll goes over the control ring ([`Device::post_mediated`],
+    /// [`Device::poll_cq_mediated`], [`Device::arm_cq`]); the guest's doorbell indexes are
+    /// ignored.
+    Mediated,
+}
+
+/// What a channel needs.
+pub struct ChannelSetup {
+    /// The guest domain.
+    pub domid: DomId,
+    /// The doorbell page(s): backend-allocated, granted to the guest; initialised here
+    /// (zeroed, header written with [`shared_ring::PROTOCOL_VERSION`]).
+    pub doorbell: SharedRegion,
+    /// The event-ring page ([`shared_ring::event_ring::EVENT_RING_LEN`] bytes), zeroed here.
+    pub event_ring: SharedRegion,
+    /// Sends the channel's event.
+    pub notifier: Arc<dyn Notifier>,
+    pub mode: ChannelMode,
+}
+
+impl std::fmt::Debug for ChannelSetup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChannelSetup")
+            .field("domid", &self.domid)
+            .field("doorbell", &self.doorbell)
+            .field("event_ring", &self.event_ring)
+            .field("mode", &self.mode)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A memory region to register: the guest's granted pages, mapped by the daemon.
+#[derive(Debug, Clone)]
+pub struct MrSetup {
+    pub pd: PdId,
+    /// The mapped pages (whole pages; the region starts `first_page_offset` bytes in).
+    pub pages: SharedRegion,
+    /// Whether `pages` is mapped writable. Registering with `LOCAL_WRITE` or `REMOTE_WRITE`
+    /// needs it (the device never writes a read-only mapping, which would fault).
+    pub writable: bool,
+    /// Offset of the region's first byte in the first page.
+    pub first_page_offset: u32,
+    /// Length of the region in bytes.
+    pub length: u64,
+    /// The address the application (and remote peers) use for the region's first byte.
+    pub iova: u64,
+    /// [`access`] bits.
+    pub access: u32,
+}
+
+/// Keys of a registered region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MrKeys {
+    pub handle: MrHandle,
+    pub lkey: u32,
+    pub rkey: u32,
+}
+
+/// A completion queue to create.
+#[derive(Debug, Clone)]
+pub struct CqSetup {
+    /// The CQ ring: `2^cqe_log2 * 32` bytes or more, zeroed, backend-allocated (granted to the
+    /// guest read-only in bypass mode).
+    pub ring: SharedRegion,
+    pub cqe_log2: u8,
+    /// Doorbell slot for the CQ's arm word and consumer index.
+    pub doorbell_slot: u32,
+}
+
+/// A queue pair to create (RC).
+#[derive(Debug, Clone)]
+pub struct QpSetup {
+    pub pd: PdId,
+    pub send_cq: CqId,
+    pub recv_cq: CqId,
+    /// Send queue: `2^sq_log2 * 64` bytes or more, backend-allocated, granted to the guest.
+    pub sq: SharedRegion,
+    /// Receive queue: `2^rq_log2 * 64` bytes or more.
+    pub rq: SharedRegion,
+    pub sq_log2: u8,
+    pub rq_log2: u8,
+    /// Doorbell slots of the SQ and RQ indexes.
+    pub sq_slot: u32,
+    pub rq_slot: u32,
+    /// Every successful send WQE gets a CQE, whatever its `SIGNALED` flag.
+    pub sq_sig_all: bool,
+}
+
+/// Which queue of a QP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WorkQueue {
+    Sq,
+    Rq,
+}
+
+/// Counters of a channel or a domain.
+///
+/// `ops`, `bytes`, `errors`, `notifications`, `events` count work (cumulative; for a domain they
+/// survive its channels); the other fields are resources held now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct DeviceStats {
+    /// Work requests executed (send and receive WQEs, successful or not, flushes excluded).
+    pub ops: u64,
+    /// Payload bytes moved.
+    pub bytes: u64,
+    /// Error completions (flushes excluded) and dropped completions.
+    pub errors: u64,
+    /// Notifications sent for armed CQs and events.
+    pub notifications: u64,
+    /// Async events written (or dropped because the event ring was full).
+    pub events: u64,
+    pub channels: u64,
+    pub pds: u64,
+    pub mrs: u64,
+    /// Bytes of registered memory.
+    pub mr_bytes: u64,
+    pub cqs: u64,
+    pub qps: u64,
+}
+
+/// Engine configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Engine threads; each channel is served by one (channels are spread round-robin).
+    pub threads: usize,
+    /// How long an engine with nothing to do keeps polling before it arms the sleep words and
+    /// sleeps.
+    pub spin: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            threads: 1,
+            spin: Duration::from_micros(200),
+        }
+    }
+}
+
+/// Errors of device calls (control path). Data-path errors are completions, never these.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeviceError {
+    #[error("no {what} {id} on this channel")]
+    BadHandle { what: &'static str, id: u32 },
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("{0} is in use")]
+    Busy(&'static str),
+    #[error("device limit reached: {0}")]
+    NoResources(&'static str),
+    #[error("not supported: {0}")]
+    NotSupported(&'static str),
+    #[error("the channel is not in mediated mode")]
+    NotMediated,
+    #[error("QP {0} cannot connect: {1}")]
+    ConnectionRefused(u32, &'static str),
+    #[error("the device is shutting down")]
+    DeviceLost,
+}
+
+impl DeviceError {
+    /// The control-ring status that reports this error.
+    pub fn status(&self) -> Status {
+        match self {
+            Self::BadHandle { .. } => Status::BadHandle,
+            Self::InvalidArgument(_) => Status::InvalidArgument,
+            Self::Busy(_) => Status::Busy,
+            Self::NoResources(_) => Status::NoResources,
+            Self::NotSupported(_) | Self::NotMediated => Status::NotSupported,
+            Self::ConnectionRefused(..) => Status::ConnectionRefused,
+            Self::DeviceLost => Status::DeviceLost,
+        }
+    }
+}
+
+/// Result of device calls.
+pub type DeviceResult<T> = Result<T, DeviceError>;
+
+/// An RDMA device as the daemon sees it. All calls are cheap control-path operations except
+/// where noted; they may be called from any thread.
+pub trait Device: Send + Sync {
+    /// Limits (published in XenStore and answered to `QueryDevice`).
+    fn attrs(&self) -> DeviceAttrs;
+
+    /// Opens a channel: initialises its doorbell page and event ring.
+    fn open_channel(&self, setup: ChannelSetup) -> DeviceResult<ChannelId>;
+    /// Closes a channel: stops serving it, destroys its QPs (peers go to Error), CQs, MRs and
+    /// PDs, and drops its resource counters to zero. Unknown channels are ignored.
+    fn close_channel(&self, ch: ChannelId);
+    /// The channel's event channel fired: wake the engine if it sleeps (cheap if it does not).
+    fn kick(&self, ch: ChannelId);
+    /// Writes an async event into the channel's event ring and notifies. A full ring drops the
+    /// event (counted); that is not an error.
+    fn post_event(&self, ch: ChannelId, event: EventRepr) -> DeviceResult<()>;
+
+    fn alloc_pd(&self, ch: ChannelId) -> DeviceResult<PdId>;
+    /// `Busy` while an MR or QP uses the PD.
+    fn dealloc_pd(&self, ch: ChannelId, pd: PdId) -> DeviceResult<()>;
+
+    fn reg_mr(&self, ch: ChannelId, setup: MrSetup) -> DeviceResult<MrKeys>;
+    /// Work already executing on the region finishes (the mapping stays alive until it does).
+    fn dereg_mr(&self, ch: ChannelId, mr: MrHandle) -> DeviceResult<()>;
+
+    fn create_cq(&self, ch: ChannelId, setup: CqSetup) -> DeviceResult<CqId>;
+    /// `Busy` while a QP uses the CQ.
+    fn destroy_cq(&self, ch: ChannelId, cq: CqId) -> DeviceResult<()>;
+
+    /// Creates an RC QP in state Init.
+    fn create_qp(&self, ch: ChannelId, setup: QpSetup) -> DeviceResult<QpNum>;
+    /// Reset/Init/Rtr before connection are accepted as bookkeeping; Rts needs a connected peer
+    /// (see [`Self::connect_qp`]); Error flushes. Leaving Error, Sqd and Sqe are not supported.
+    fn modify_qp(&self, ch: ChannelId, qp: QpNum, state: QpState) -> DeviceResult<()>;
+    /// The QP's current state.
+    fn qp_state(&self, ch: ChannelId, qp: QpNum) -> DeviceResult<QpState>;
+    /// Destroys a QP (its peer goes to Error).
+    fn destroy_qp(&self, ch: ChannelId, qp: QpNum) -> DeviceResult<()>;
+    /// Pairs `qp` with QP `remote` of this backend (any channel or domain). Both ends call it
+    /// with each other's number; the second call makes both RTS.
+    fn connect_qp(&self, ch: ChannelId, qp: QpNum, remote: QpNum) -> DeviceResult<()>;
+
+    /// Mediated mode: arms the CQ for one notification. If a completion is already waiting the
+    /// notifier is called at once.
+    fn arm_cq(&self, ch: ChannelId, cq: CqId, solicited_only: bool) -> DeviceResult<()>;
+    /// Mediated mode: WQEs up to producer index `prod` are in the queue (the engine executes them
+    /// asynchronously; a `prod` beyond the queue size puts the QP in Error).
+    fn post_mediated(
+        &self,
+        ch: ChannelId,
+        qp: QpNum,
+        which: WorkQueue,
+        prod: u32,
+    ) -> DeviceResult<()>;
+    /// Mediated mode: the next completion of the CQ, if any.
+    fn poll_cq_mediated(&self, ch: ChannelId, cq: CqId) -> DeviceResult<Option<CqeRepr>>;
+
+    /// Counters of a channel (all zero for an unknown or closed channel).
+    fn stats(&self, ch: ChannelId) -> DeviceStats;
+    /// Counters of a domain: cumulative work counters, resources of its open channels.
+    fn domain_stats(&self, domid: DomId) -> DeviceStats;
+}
