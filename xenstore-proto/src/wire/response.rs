@@ -147,8 +147,12 @@ impl<'a> Response<'a> {
                 if !text.is_empty() && text.iter().all(u8::is_ascii_digit) {
                     Response::GetQuota(QuotaReply::Value(number(ty, text)?))
                 } else {
-                    let names = utf8(ty, text)?;
-                    Response::GetQuota(QuotaReply::Names(names.split_whitespace().collect()))
+                    let names: Vec<&str> = utf8(ty, text)?.split_whitespace().collect();
+                    // A numeric name would read back as a value: quota names never are.
+                    if names.iter().any(|n| n.bytes().all(|b| b.is_ascii_digit())) {
+                        return Err(bad("numeric quota name"));
+                    }
+                    Response::GetQuota(QuotaReply::Names(names))
                 }
             }
             MsgType::WatchEvent => {
