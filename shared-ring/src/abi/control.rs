@@ -71,6 +71,8 @@ pub mod args {
     /// `Connect`: TCP port and IPv6 (or v4-mapped) address of the peer.
     pub const CONNECT_PORT: usize = 12;
     pub const CONNECT_ADDR: usize = 16;
+    /// `Connect`: QP number of the peer QP (intra-host pairing on the same backend).
+    pub const CONNECT_REMOTE_QPN: usize = 32;
     /// `Accept`: the QP to attach to the connection.
     pub const ACCEPT_QP: usize = 12;
     /// `ArmCq`: flag bits (bit 0 = solicited only).
@@ -328,6 +330,8 @@ pub enum Request {
         port: u32,
         /// IPv6 address, or an IPv4-mapped one (`::ffff:a.b.c.d`).
         addr: [u8; 16],
+        /// QP number of the peer QP on the same backend (intra-host pairing).
+        remote_qpn: u32,
     },
     Accept {
         listener: u32,
@@ -480,6 +484,7 @@ impl RequestRepr {
                     qp: h,
                     port: get_u32(b, args::CONNECT_PORT),
                     addr,
+                    remote_qpn: get_u32(b, args::CONNECT_REMOTE_QPN),
                 }
             }
             Op::Accept => R::Accept {
@@ -566,10 +571,16 @@ impl RequestRepr {
                 set_u32(b, args::LISTEN_PORT, port);
                 set_u32(b, args::LISTEN_BACKLOG, backlog);
             }
-            R::Connect { qp, port, addr } => {
+            R::Connect {
+                qp,
+                port,
+                addr,
+                remote_qpn,
+            } => {
                 set_u32(b, args::HANDLE, qp);
                 set_u32(b, args::CONNECT_PORT, port);
                 b[args::CONNECT_ADDR..args::CONNECT_ADDR + 16].copy_from_slice(&addr);
+                set_u32(b, args::CONNECT_REMOTE_QPN, remote_qpn);
             }
             R::Accept { listener, qp } => {
                 set_u32(b, args::HANDLE, listener);
@@ -995,6 +1006,22 @@ mod tests {
         assert_eq!(ResponseRepr::parse(&b).unwrap(), err);
         b[12] = 1;
         assert!(ResponseRepr::parse(&b).is_err());
+    }
+
+    #[test]
+    fn connect_carries_the_remote_qpn_at_32() {
+        let r = RequestRepr {
+            req_id: 3,
+            request: Request::Connect {
+                qp: 7,
+                port: 0,
+                addr: [0; 16],
+                remote_qpn: 0x0102_0304,
+            },
+        };
+        let b = r.to_bytes();
+        assert_eq!(&b[32..36], &[4, 3, 2, 1]);
+        assert_eq!(RequestRepr::parse(&b).unwrap(), r);
     }
 
     #[test]
