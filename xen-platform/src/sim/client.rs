@@ -107,8 +107,12 @@ impl SimConn {
     /// One request, one answer (requests of several threads are serialised).
     fn call(&self, req: &Request, what: &str) -> Result<(Reply, Vec<OwnedFd>)> {
         let sock = self.sock.lock().unwrap_or_else(|e| e.into_inner());
-        wire::send(&*sock, &req.emit(), &[])
-            .map_err(|e| Error::SimHost(format!("{what}: sending to the host: {e}")))?;
+        wire::send(&*sock, &req.emit(), &[]).map_err(|e| {
+            Error::SimHost(format!(
+                "{what}: the host hung up (domain {} destroyed, or host stopped): {e}",
+                self.domid
+            ))
+        })?;
         let (msg, fds) = match wire::recv(&*sock) {
             Ok(Received::Message(m, f)) => (m, f),
             Ok(Received::Closed) => {
