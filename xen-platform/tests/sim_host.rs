@@ -555,3 +555,30 @@ fn xenstore_per_domain_identity_and_domain_watches() {
     assert!(release.next_timeout(WAIT).unwrap().is_some());
     assert!(!dom0.exists(&format!("/local/domain/{d}")).unwrap());
 }
+
+#[test]
+fn handles_are_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Platform>();
+    check::<xen_platform::SharedPages>();
+    check::<xen_platform::ForeignMapping>();
+    check::<xen_platform::EventChannel>();
+}
+
+#[test]
+fn event_channel_ports_are_limited_per_domain() {
+    let h = Host::new();
+    let (_d1, p1) = h.domain();
+    let mut held = Vec::new();
+    let e = loop {
+        match p1.alloc_unbound(DomId(0)) {
+            Ok(c) => held.push(c),
+            Err(e) => break e,
+        }
+        assert!(held.len() <= 1023, "no port limit");
+    };
+    assert_eq!(held.len(), 1023);
+    assert!(e.to_string().contains("max_event_channels"), "{e}");
+    held.pop();
+    held.push(p1.alloc_unbound(DomId(0)).unwrap());
+}

@@ -83,10 +83,10 @@ struct State {
     next_domid: u16,
 }
 
-/// Pages of one allocation: the writable memfd and a read-only reopening of it.
+/// Pages of one allocation: one memfd (read-only views are reopened on demand, so the host
+/// holds one descriptor per allocation).
 struct PageFile {
     rw: OwnedFd,
-    ro: OwnedFd,
     pages: u32,
 }
 
@@ -141,6 +141,19 @@ struct Domain {
 /// Xen reserves the first grant references (`GNTTAB_NR_RESERVED_ENTRIES`).
 const FIRST_GREF: u32 = 8;
 
+/// The host holds one descriptor per grant allocation and two per event channel: lift the soft
+/// descriptor limit to the hard one, as daemons serving many clients do.
+fn raise_fd_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut l = getrlimit(Resource::Nofile);
+    if l.current != l.maximum {
+        l.current = l.maximum;
+        if let Err(e) = setrlimit(Resource::Nofile, l) {
+            tracing::debug!("cannot raise the descriptor limit: {e}");
+        }
+    }
+}
+
 fn fail(errno: i32, msg: impl Into<String>) -> Failure {
     Failure::new(errno, msg)
 }
@@ -148,6 +161,7 @@ fn fail(errno: i32, msg: impl Into<String>) -> Failure {
 impl SimHost {
     /// Start a host in `config.dir`, with its XenStore and dom0 ("Domain-0") created.
     pub fn start(config: SimHostConfig) -> Result<SimHost> {
+        raise_fd_limit();
         let xenstore = Arc::new(SimXenStore::new()?);
         let hooks: Arc<dyn DomainHooks> = xenstore.clone();
         let dir = std::path::absolute(&config.dir)
@@ -703,18 +717,32 @@ fn new_page_file(domid: u16, count: u32) -> std::io::Result<PageFile> {
     rustix::fs::ftruncate(&rw, count as u64 * PAGE_SIZE as u64)?;
     // Nobody may resize granted pages (a shrink would SIGBUS every mapper).
     rustix::fs::fcntl_add_seals(&rw, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
-    // A read-only open file description: mapping it PROT_WRITE fails with EACCES, which is
-    // what makes read-only grants read-only for the mapper.
-    let ro = rustix::fs::open(
-        format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&rw)),
-        OFlags::RDONLY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
-    Ok(PageFile {
-        rw,
-        ro,
-        pages: count,
-    })
+    Ok(PageFile { rw, pages: count })
+}
+
+impl PageFile {
+    /// A descriptor to hand a mapper. Read-only is a new open file description opened
+    /// `O_RDONLY`: mapping it `PROT_WRITE` (or `mprotect`ing it so) fails with EACCES, which is
+    /// what makes read-only grants read-only for the mapper.
+    fn descriptor(&self, writable: bool) -> std::io::Result<OwnedFd> {
+        if writable {
+            return sock::dup(&self.rw);
+        }
+        let path = format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&self.rw)
+        );
+        rustix::fs::open(path, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).map_err(Into::into)
+    }
+}
+
+fn io_fail(what: &str, e: std::io::Error) -> Failure {
+    let errno = e.raw_os_error().unwrap_or(EINVAL);
+    // EMFILE/ENFILE: the host itself ran out of descriptors.
+    if errno == 24 || errno == 23 {
+        return fail(errno, format!("{what}: the simulated host is out of file descriptors ({e}); raise its `ulimit -n`"));
+    }
+    fail(errno, format!("{what}: {e}"))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -754,10 +782,7 @@ fn grant_alloc(
             ),
         });
     }
-    let file = Arc::new(
-        new_page_file(domid, count)
-            .map_err(|e| fail(e.raw_os_error().unwrap_or(EINVAL), format!("memfd: {e}")))?,
-    );
+    let file = Arc::new(new_page_file(domid, count).map_err(|e| io_fail("memfd", e))?);
     let mut grefs = Vec::with_capacity(count as usize);
     for page in 0..count {
         while d.grants.contains_key(&d.next_gref) || d.next_gref < FIRST_GREF {
@@ -861,9 +886,9 @@ fn map_grants(
     }
     let mut fds = Vec::with_capacity(files.len());
     for f in &files {
-        let src = if writable { &f.rw } else { &f.ro };
         fds.push(Arc::new(
-            sock::dup(src).map_err(|e| fail(EINVAL, format!("dup: {e}")))?,
+            f.descriptor(writable)
+                .map_err(|e| io_fail("grant descriptor", e))?,
         ));
     }
     let d = st
@@ -887,14 +912,24 @@ fn new_eventfd() -> Result<Arc<OwnedFd>, Failure> {
         rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
     )
     .map(Arc::new)
-    .map_err(|e| fail(e.raw_os_error(), format!("eventfd: {e}")))
+    .map_err(|e| io_fail("eventfd", e.into()))
 }
+
+/// Ports per domain: xl's default `max_event_channels`.
+pub const MAX_PORTS_PER_DOMAIN: u32 = 1023;
 
 fn free_port(d: &Domain) -> Result<u32, Failure> {
     // Port 0 is never valid in Xen.
-    (1..=65535u32)
+    (1..=MAX_PORTS_PER_DOMAIN)
         .find(|p| !d.ports.contains_key(p))
-        .ok_or_else(|| fail(ENOSPC, "no free event-channel port"))
+        .ok_or_else(|| Failure {
+            errno: ENOSPC,
+            limit: 0,
+            message: format!(
+                "all {MAX_PORTS_PER_DOMAIN} event-channel ports of this domain are in use \
+                 (xl's default max_event_channels)"
+            ),
+        })
 }
 
 fn evtchn_alloc_unbound(
