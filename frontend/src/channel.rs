@@ -1,0 +1,535 @@
+//! A channel to the backend (`docs/split-driver.md`): the XenStore handshake that creates it,
+//! the control ring and event channel it consists of, the doorbell and event-ring pages the
+//! backend grants on `Init`, and the polite close.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use shared_ring::abi::control::{DeviceAttrs, Reply, Request};
+use shared_ring::abi::event::{EventRepr, EVENT_LEN};
+use shared_ring::abi::page_dir::{PageDirWalker, PageList};
+use shared_ring::doorbell::DoorbellPage;
+use shared_ring::queue::Consumer;
+use shared_ring::{event_ring, ControlFrontRing, SharedRegion, PAGE_SIZE, PROTOCOL_VERSION};
+use xen_platform::{Access, DomId, Platform, UnmapNotify};
+use xenstore_proto::client::{XenbusStore, XenbusStoreExt};
+
+use crate::control::Control;
+use crate::error::{Error, Result};
+use crate::signal::{EventHub, Signal};
+use crate::AsyncEvent;
+
+/// xenbus states (`io/xenbus.h`).
+pub(crate) mod state {
+    pub const INIT_WAIT: u32 = 2;
+    pub const INITIALISED: u32 = 3;
+    pub const CONNECTED: u32 = 4;
+    pub const CLOSING: u32 = 5;
+    pub const CLOSED: u32 = 6;
+}
+
+/// Offset of the alive byte in the control-ring page (the ring header's private area).
+pub(crate) const ALIVE_BYTE: usize = 16;
+
+/// What the caller asked of the channel.
+pub(crate) struct ChannelConfig {
+    pub devid: u32,
+    pub timeout: Duration,
+    pub close_timeout: Duration,
+}
+
+/// Limits the backend published for the device (absent ones are `None`).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct PublishedLimits {
+    pub max_inline: Option<u32>,
+    pub max_sge: Option<u32>,
+}
+
+/// An open channel.
+pub(crate) struct Channel {
+    pub store: Arc<dyn XenbusStore>,
+    pub platform: Platform,
+    pub domid: DomId,
+    pub backend: DomId,
+    pub devid: u32,
+    pub index: u32,
+    pub front_chan: String,
+    pub back_chan: String,
+    pub backend_addr: [u8; 16],
+    pub limits: PublishedLimits,
+    pub hub: EventHub,
+    pub control: Control,
+    pub doorbell: DoorbellPage,
+    events: Mutex<Consumer<EVENT_LEN>>,
+    pending: Mutex<Vec<AsyncEvent>>,
+    lost: AtomicBool,
+    lost_reason: Mutex<Option<String>>,
+    close_timeout: Duration,
+    // Kept mapped until the channel is closed: the control ring (with the alive byte and its
+    // unmap-notify) and the backend's event-ring page.
+    _ring_page: SharedRegion,
+    _event_page: SharedRegion,
+}
+
+fn parse_u32(path: &str, v: &str) -> Result<u32> {
+    v.trim().parse().map_err(|_| Error::BadDevice {
+        path: path.to_owned(),
+        reason: format!("{v:?} is not a number"),
+    })
+}
+
+/// This domain's id: XenStore's relative `domid` node, else what the platform knows.
+fn own_domid(store: &dyn XenbusStore, platform: &Platform) -> Result<DomId> {
+    match store.read_opt("domid")? {
+        Some(v) => {
+            let s = String::from_utf8_lossy(&v).into_owned();
+            let d = parse_u32("domid", &s)?;
+            u16::try_from(d).map(DomId).map_err(|_| Error::BadDevice {
+                path: "domid".into(),
+                reason: format!("{d} is not a domain id"),
+            })
+        }
+        None => platform.known_domid().ok_or_else(|| Error::BadDevice {
+            path: "domid".into(),
+            reason: "XenStore has no relative `domid` node and the platform does not know \
+                     this domain's id"
+                .into(),
+        }),
+    }
+}
+
+/// Waits until `path` (a xenbus state node) satisfies `done`, watching it.
+fn wait_state(
+    store: &dyn XenbusStore,
+    path: &str,
+    timeout: Duration,
+    what: &str,
+    mut done: impl FnMut(Option<u32>) -> bool,
+) -> Result<Option<u32>> {
+    let deadline = Instant::now() + timeout;
+    let mut watch = store.watch(path)?;
+    loop {
+        let v = match store.read_opt(path)? {
+            Some(b) => Some(parse_u32(path, &String::from_utf8_lossy(&b))?),
+            None => None,
+        };
+        if done(v) {
+            return Ok(v);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(Error::Timeout {
+                what: format!("{what} ({path} is {v:?})"),
+                timeout_ms: timeout.as_millis() as u64,
+            });
+        }
+        watch.next_event(Some(deadline - now))?;
+    }
+}
+
+impl Channel {
+    /// Opens device `devid` of this domain and creates a channel on it.
+    pub(crate) fn open(
+        store: Arc<dyn XenbusStore>,
+        platform: Platform,
+        cfg: &ChannelConfig,
+    ) -> Result<Channel> {
+        let domid = own_domid(&*store, &platform)?;
+        let front_dev = format!("/local/domain/{}/device/vrdma/{}", domid.0, cfg.devid);
+        let Some(back_dev) = store.read_opt(&format!("{front_dev}/backend"))? else {
+            return Err(Error::NoDevice {
+                devid: cfg.devid,
+                path: front_dev,
+            });
+        };
+        let back_dev = String::from_utf8_lossy(&back_dev).into_owned();
+        let backend_id = store.read_u32(&format!("{front_dev}/backend-id"))?;
+        let backend = u16::try_from(backend_id)
+            .map(DomId)
+            .map_err(|_| Error::BadDevice {
+                path: format!("{front_dev}/backend-id"),
+                reason: format!("{backend_id} is not a domain id"),
+            })?;
+
+        // 1. The backend must be there (InitWait) or already connected.
+        wait_state(
+            &*store,
+            &format!("{back_dev}/state"),
+            cfg.timeout,
+            "the vrdma backend to publish InitWait",
+            |s| matches!(s, Some(state::INIT_WAIT) | Some(state::CONNECTED)),
+        )?;
+        if let Some(versions) = store.read_opt(&format!("{back_dev}/versions"))? {
+            let versions = String::from_utf8_lossy(&versions).into_owned();
+            let ours = PROTOCOL_VERSION.to_string();
+            if !versions.split_whitespace().any(|v| v == ours) {
+                return Err(Error::BadDevice {
+                    path: back_dev,
+                    reason: format!(
+                        "the backend speaks protocol versions {versions:?}, we speak {ours}"
+                    ),
+                });
+            }
+        }
+        let read_limit = |name: &str| -> Result<Option<u32>> {
+            let p = format!("{back_dev}/{name}");
+            match store.read_opt(&p)? {
+                Some(v) => Ok(Some(parse_u32(&p, &String::from_utf8_lossy(&v))?)),
+                None => Ok(None),
+            }
+        };
+        let limits = PublishedLimits {
+            max_inline: read_limit("max-inline")?,
+            max_sge: read_limit("max-sge")?,
+        };
+        let backend_addr = match store.read_opt(&format!("{back_dev}/address"))? {
+            Some(v) => parse_addr(&String::from_utf8_lossy(&v)).unwrap_or([0; 16]),
+            None => [0; 16],
+        };
+        let front_state = format!("{front_dev}/state");
+        if store.read_opt(&front_state)?.as_deref() != Some(b"4") {
+            store.write(&front_state, b"4")?;
+        }
+
+        // 2. Claim the lowest free channel number.
+        let chan_dir = format!("{front_dev}/channel");
+        let index = store.transaction(|tx| {
+            let taken: Vec<u32> = match tx.directory(&chan_dir) {
+                Ok(v) => v.iter().filter_map(|n| n.parse().ok()).collect(),
+                Err(e) if e.is_not_found() => Vec::new(),
+                Err(e) => return Err(e),
+            };
+            let n = (0..).find(|n| !taken.contains(n)).unwrap_or(0);
+            tx.write(&format!("{chan_dir}/{n}/state"), b"1")?;
+            Ok(n)
+        })?;
+        let front_chan = format!("{chan_dir}/{index}");
+        let back_chan = format!("{back_dev}/channel/{index}");
+        tracing::debug!(%front_chan, "channel claimed");
+
+        let made = Self::connect(
+            store.clone(),
+            platform,
+            cfg,
+            domid,
+            backend,
+            index,
+            front_chan.clone(),
+            back_chan,
+            backend_addr,
+            limits,
+        );
+        if made.is_err() {
+            // Leave nothing behind: the backend ignores a Closed channel.
+            let _ = store.write(&format!("{front_chan}/state"), b"6");
+            let _ = store.rm(&front_chan);
+        }
+        made
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn connect(
+        store: Arc<dyn XenbusStore>,
+        platform: Platform,
+        cfg: &ChannelConfig,
+        domid: DomId,
+        backend: DomId,
+        index: u32,
+        front_chan: String,
+        back_chan: String,
+        backend_addr: [u8; 16],
+        limits: PublishedLimits,
+    ) -> Result<Channel> {
+        // 3. Event channel, ring page with the alive byte and its unmap-notify.
+        let evtchn = platform.alloc_unbound(backend)?;
+        let port = evtchn.local_port();
+        let ring_page = crate::shm::share(&platform, backend, 1, Access::ReadWrite, |p| {
+            p.set_unmap_notify(UnmapNotify {
+                clear_byte: Some(ALIVE_BYTE),
+                event: Some(port),
+            })?;
+            Ok(())
+        })?;
+        let ring = ControlFrontRing::init(ring_page.region.clone())?;
+        ring_page
+            .region
+            .store_u32(ALIVE_BYTE, 1, Ordering::Release)?;
+        let ring_ref = ring_page.grefs[0];
+
+        // 4. Publish it, Initialised.
+        store.transaction(|tx| {
+            tx.write(
+                &format!("{front_chan}/ring-ref"),
+                ring_ref.to_string().as_bytes(),
+            )?;
+            tx.write(
+                &format!("{front_chan}/event-channel"),
+                port.0.to_string().as_bytes(),
+            )?;
+            tx.write(
+                &format!("{front_chan}/version"),
+                PROTOCOL_VERSION.to_string().as_bytes(),
+            )?;
+            tx.write(
+                &format!("{front_chan}/pid"),
+                std::process::id().to_string().as_bytes(),
+            )?;
+            tx.write(
+                &format!("{front_chan}/state"),
+                state::INITIALISED.to_string().as_bytes(),
+            )?;
+            Ok(())
+        })?;
+
+        // 5. The backend's answer: Connected, or Closed with a reason.
+        let got = wait_state(
+            &*store,
+            &format!("{back_chan}/state"),
+            cfg.timeout,
+            "the backend to connect the channel",
+            |s| matches!(s, Some(state::CONNECTED) | Some(state::CLOSED)),
+        )?;
+        if got == Some(state::CLOSED) {
+            let reason = store
+                .read_opt(&format!("{back_chan}/error"))?
+                .map(|v| String::from_utf8_lossy(&v).into_owned())
+                .unwrap_or_else(|| "no reason given".into());
+            return Err(Error::ChannelRefused {
+                channel: index,
+                reason,
+            });
+        }
+
+        let hub = EventHub::new(evtchn);
+        let control = Control::new(ring, cfg.timeout);
+        let (version, doorbell_gref, event_gref) = match control.call(
+            &hub,
+            Request::Init {
+                version: PROTOCOL_VERSION,
+            },
+        )? {
+            Reply::Init {
+                version,
+                doorbell_gref,
+                event_gref,
+                ..
+            } => (version, doorbell_gref, event_gref),
+            r => return Err(Error::protocol(format!("Init answered with {r:?}"))),
+        };
+        if version != PROTOCOL_VERSION {
+            return Err(Error::protocol(format!(
+                "backend answered Init with version {version}, we speak {PROTOCOL_VERSION}"
+            )));
+        }
+        let db_region = crate::shm::map(&platform, backend, &[doorbell_gref], Access::ReadWrite)?;
+        let doorbell = DoorbellPage::open(db_region, PROTOCOL_VERSION)?;
+        let event_page = crate::shm::map(&platform, backend, &[event_gref], Access::ReadWrite)?;
+        let events = event_ring::consumer(&event_page)?;
+        tracing::info!(
+            channel = index,
+            backend = backend.0,
+            "vrdma channel connected"
+        );
+        Ok(Channel {
+            store,
+            platform,
+            domid,
+            backend,
+            devid: cfg.devid,
+            index,
+            front_chan,
+            back_chan,
+            backend_addr,
+            limits,
+            hub,
+            control,
+            doorbell,
+            events: Mutex::new(events),
+            pending: Mutex::new(Vec::new()),
+            lost: AtomicBool::new(false),
+            lost_reason: Mutex::new(None),
+            close_timeout: cfg.close_timeout,
+            _ring_page: ring_page.region,
+            _event_page: event_page,
+        })
+    }
+
+    /// A control request; a dead channel is [`Error::DeviceLost`].
+    pub(crate) fn call(&self, request: Request) -> Result<Reply> {
+        self.check_lost()?;
+        match self.control.call(&self.hub, request) {
+            Err(e @ Error::Timeout { .. }) => {
+                self.probe_backend();
+                self.check_lost()?;
+                Err(e)
+            }
+            Err(e) if e.is_device_lost() => {
+                self.mark_lost("the backend answered DeviceLost".into());
+                Err(e)
+            }
+            r => r,
+        }
+    }
+
+    /// [`Error::DeviceLost`] if the channel is known to be dead.
+    #[inline]
+    pub(crate) fn check_lost(&self) -> Result<()> {
+        if self.lost.load(Ordering::Relaxed) {
+            let why = self
+                .lost_reason
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+                .unwrap_or_default();
+            return Err(Error::DeviceLost(why));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn mark_lost(&self, why: String) {
+        let mut r = self.lost_reason.lock().unwrap_or_else(|e| e.into_inner());
+        if r.is_none() {
+            tracing::warn!(channel = self.index, "vrdma device lost: {why}");
+            *r = Some(why);
+        }
+        self.lost.store(true, Ordering::Relaxed);
+    }
+
+    /// Looks at the backend's channel node; a channel it closed or removed is lost.
+    pub(crate) fn probe_backend(&self) {
+        let st = format!("{}/state", self.back_chan);
+        match self.store.read_opt(&st) {
+            Ok(Some(v)) if v.as_slice() == b"4" => {}
+            Ok(Some(v)) => {
+                let err = self
+                    .store
+                    .read_opt(&format!("{}/error", self.back_chan))
+                    .ok()
+                    .flatten()
+                    .map(|e| String::from_utf8_lossy(&e).into_owned())
+                    .unwrap_or_else(|| "no reason given".into());
+                self.mark_lost(format!(
+                    "the backend moved the channel to state {}: {err}",
+                    String::from_utf8_lossy(&v)
+                ));
+            }
+            Ok(None) => self.mark_lost("the backend removed the channel".into()),
+            Err(e) => self.mark_lost(format!("XenStore is unreachable: {e}")),
+        }
+    }
+
+    /// Moves events from the async event ring to the pending list (no system call). A
+    /// `DeviceLost` event marks the channel.
+    pub(crate) fn pump_events(&self) -> Result<()> {
+        let mut c = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let mut any = false;
+        while let Some(raw) = c
+            .pop()
+            .map_err(|e| Error::protocol(format!("event ring: {e}")))?
+        {
+            any = true;
+            match EventRepr::from_bytes(&raw) {
+                Ok(ev) => {
+                    let ev = AsyncEvent::from(ev);
+                    if ev.kind == shared_ring::abi::event::EventKind::DeviceLost {
+                        self.mark_lost("the backend reported DeviceLost".into());
+                    }
+                    out.push(ev);
+                }
+                Err(e) => tracing::warn!("malformed async event: {e}"),
+            }
+        }
+        if any {
+            c.release();
+        }
+        Ok(())
+    }
+
+    /// Every event received since the last call.
+    pub(crate) fn take_events(&self) -> Result<Vec<AsyncEvent>> {
+        self.pump_events()?;
+        Ok(std::mem::take(
+            &mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()),
+        ))
+    }
+
+    /// Device limits (`QueryDevice`).
+    pub(crate) fn query_device(&self) -> Result<DeviceAttrs> {
+        match self.call(Request::QueryDevice)? {
+            Reply::Device(d) => Ok(d),
+            r => Err(Error::protocol(format!("QueryDevice answered with {r:?}"))),
+        }
+    }
+
+    /// Maps a page list the backend granted (walking directory pages if needed).
+    pub(crate) fn map_page_list(&self, list: &PageList, access: Access) -> Result<SharedRegion> {
+        let mut walker = PageDirWalker::new(list);
+        while let Some(dir) = walker.next_dir_gref() {
+            let page = crate::shm::map(&self.platform, self.backend, &[dir], Access::ReadOnly)?;
+            walker
+                .read_dir_page(&page)
+                .map_err(|e| Error::protocol(format!("page directory: {e}")))?;
+        }
+        let grefs = walker.into_grefs();
+        crate::shm::map(&self.platform, self.backend, &grefs, access)
+    }
+
+    /// Notifies the backend (kicks a sleeping engine).
+    #[inline]
+    pub(crate) fn kick(&self) -> Result<()> {
+        self.hub.notify()
+    }
+
+    fn close(&self) {
+        let st = |s: u32| s.to_string();
+        let _ = self.store.write(
+            &format!("{}/state", self.front_chan),
+            st(state::CLOSING).as_bytes(),
+        );
+        let _ = self.hub.notify();
+        if !self.is_lost() {
+            let r = wait_state(
+                &*self.store,
+                &format!("{}/state", self.back_chan),
+                self.close_timeout,
+                "the backend to close the channel",
+                |s| matches!(s, None | Some(state::CLOSED)),
+            );
+            if let Err(e) = r {
+                tracing::warn!(channel = self.index, "closing: {e}");
+            }
+        }
+        let _ = self.store.write(
+            &format!("{}/state", self.front_chan),
+            st(state::CLOSED).as_bytes(),
+        );
+        let _ = self.store.rm(&self.front_chan);
+        tracing::debug!(channel = self.index, "vrdma channel closed");
+    }
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// Parses a backend address: an IPv6 or IPv4 address (v4-mapped), as XenStore text.
+pub(crate) fn parse_addr(s: &str) -> Option<[u8; 16]> {
+    let ip: std::net::IpAddr = s.trim().parse().ok()?;
+    Some(match ip {
+        std::net::IpAddr::V6(a) => a.octets(),
+        std::net::IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+    })
+}
+
+/// Number of pages holding `bytes`.
+pub(crate) fn pages_for(bytes: usize) -> usize {
+    bytes.div_ceil(PAGE_SIZE)
+}

@@ -1,0 +1,240 @@
+//! The device context: one channel to the vrdma backend, and the mode posts and polls use.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use shared_ring::abi::control::{ChannelStats, DeviceAttrs, Reply, Request};
+use xen_platform::{DomId, Platform};
+use xenstore_proto::client::XenbusStore;
+
+use crate::channel::{Channel, ChannelConfig};
+use crate::cq::CompletionQueue;
+use crate::error::{Error, Result};
+use crate::mr::ProtectionDomain;
+use crate::AsyncEvent;
+
+/// Environment variable choosing the data-path mode: `bypass` (default) or `mediated`.
+pub const MODE_ENV: &str = "VRDMA_MODE";
+
+/// How posts and polls reach the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Posts write WQEs into granted queue pages and ring the doorbell page; polls read CQEs
+    /// from granted CQ pages. No system call, no backend round trip.
+    #[default]
+    Bypass,
+    /// Every post and poll is a control-ring request to the backend (the baseline).
+    Mediated,
+}
+
+impl Mode {
+    /// The mode named by [`MODE_ENV`], if it is set.
+    pub fn from_env() -> Result<Option<Mode>> {
+        match std::env::var(MODE_ENV) {
+            Err(_) => Ok(None),
+            Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
+                "" | "bypass" => Ok(Some(Mode::Bypass)),
+                "mediated" => Ok(Some(Mode::Mediated)),
+                other => Err(Error::InvalidArgument(format!(
+                    "{MODE_ENV}={other:?}: expected `bypass` or `mediated`"
+                ))),
+            },
+        }
+    }
+}
+
+pub(crate) struct CtxInner {
+    pub chan: Channel,
+    pub mode: Mode,
+    pub mr_cache_pages: usize,
+}
+
+/// An open vrdma device: one channel to the backend. Cheap to clone; every object made from
+/// it keeps the channel open, and the channel closes politely when the last one is dropped.
+#[derive(Clone)]
+pub struct Context {
+    pub(crate) inner: Arc<CtxInner>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("domid", &self.inner.chan.domid)
+            .field("devid", &self.inner.chan.devid)
+            .field("channel", &self.inner.chan.index)
+            .field("mode", &self.inner.mode)
+            .finish()
+    }
+}
+
+/// Options for opening a [`Context`].
+pub struct ContextBuilder {
+    devid: u32,
+    mode: Option<Mode>,
+    timeout: Duration,
+    close_timeout: Duration,
+    mr_cache_pages: usize,
+    store: Option<Arc<dyn XenbusStore>>,
+    platform: Option<Platform>,
+}
+
+impl Default for ContextBuilder {
+    fn default() -> Self {
+        ContextBuilder {
+            devid: 0,
+            mode: None,
+            timeout: Duration::from_secs(10),
+            close_timeout: Duration::from_secs(5),
+            mr_cache_pages: 4096,
+            store: None,
+            platform: None,
+        }
+    }
+}
+
+impl ContextBuilder {
+    /// The device id (`.../device/vrdma/<devid>`; default 0).
+    pub fn devid(mut self, devid: u32) -> Self {
+        self.devid = devid;
+        self
+    }
+    /// The data-path mode (default: [`MODE_ENV`], else bypass).
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = Some(mode);
+        self
+    }
+    /// How long to wait for the backend (handshake steps, control answers; default 10 s).
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.timeout = t;
+        self
+    }
+    /// How long closing waits for the backend's Closed (default 5 s).
+    pub fn close_timeout(mut self, t: Duration) -> Self {
+        self.close_timeout = t;
+        self
+    }
+    /// Pages of freed memory regions kept registered for reuse, per protection domain
+    /// (default 4096 = 16 MiB; 0 disables the cache).
+    pub fn mr_cache_pages(mut self, pages: usize) -> Self {
+        self.mr_cache_pages = pages;
+        self
+    }
+    /// The XenStore connection (default: the platform's, [`Platform::xenstore`]).
+    pub fn store(mut self, store: Arc<dyn XenbusStore>) -> Self {
+        self.store = Some(store);
+        self
+    }
+    /// The platform (default: [`Platform::detect`]).
+    pub fn platform(mut self, platform: Platform) -> Self {
+        self.platform = Some(platform);
+        self
+    }
+
+    /// Opens the device: XenStore handshake, channel, control ring, granted pages.
+    pub fn open(self) -> Result<Context> {
+        let mode = match self.mode {
+            Some(m) => m,
+            None => Mode::from_env()?.unwrap_or_default(),
+        };
+        let platform = match self.platform {
+            Some(p) => p,
+            None => Platform::detect()?,
+        };
+        let store: Arc<dyn XenbusStore> = match self.store {
+            Some(s) => s,
+            None => Arc::new(platform.xenstore()?),
+        };
+        let chan = Channel::open(
+            store,
+            platform,
+            &ChannelConfig {
+                devid: self.devid,
+                timeout: self.timeout,
+                close_timeout: self.close_timeout,
+            },
+        )?;
+        Ok(Context {
+            inner: Arc::new(CtxInner {
+                chan,
+                mode,
+                mr_cache_pages: self.mr_cache_pages,
+            }),
+        })
+    }
+}
+
+impl Context {
+    /// Opens device 0 with the defaults (platform detected, XenStore from the environment,
+    /// mode from [`MODE_ENV`]).
+    pub fn open() -> Result<Context> {
+        ContextBuilder::default().open()
+    }
+
+    /// Options for opening a device.
+    pub fn builder() -> ContextBuilder {
+        ContextBuilder::default()
+    }
+
+    /// The data-path mode.
+    pub fn mode(&self) -> Mode {
+        self.inner.mode
+    }
+    /// This domain.
+    pub fn domid(&self) -> DomId {
+        self.inner.chan.domid
+    }
+    /// The backend's domain.
+    pub fn backend_domid(&self) -> DomId {
+        self.inner.chan.backend
+    }
+    /// The device id.
+    pub fn devid(&self) -> u32 {
+        self.inner.chan.devid
+    }
+    /// This channel's number under the device's `channel/` directory.
+    pub fn channel(&self) -> u32 {
+        self.inner.chan.index
+    }
+
+    /// Device limits.
+    pub fn query_device(&self) -> Result<DeviceAttrs> {
+        self.inner.chan.query_device()
+    }
+
+    /// The backend's counters for this channel.
+    pub fn stats(&self) -> Result<ChannelStats> {
+        match self.inner.chan.call(Request::Stats)? {
+            Reply::Stats(s) => Ok(s),
+            r => Err(Error::protocol(format!("Stats answered with {r:?}"))),
+        }
+    }
+
+    /// Event-channel notifications this process has sent on the channel (control requests
+    /// that needed one, and kicks of a sleeping engine). Posting to a busy engine adds none.
+    pub fn notifications_sent(&self) -> u64 {
+        self.inner.chan.hub.notifications()
+    }
+
+    /// A new protection domain.
+    pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
+        ProtectionDomain::alloc(self.inner.clone())
+    }
+
+    /// A completion queue with room for at least `min_cqe` completions.
+    pub fn create_cq(&self, min_cqe: u32) -> Result<CompletionQueue> {
+        CompletionQueue::create(self.inner.clone(), min_cqe)
+    }
+
+    /// Asynchronous events the backend reported since the last call (no system call).
+    pub fn async_events(&self) -> Result<Vec<AsyncEvent>> {
+        self.inner.chan.take_events()
+    }
+
+    /// Whether the channel is known to be dead (checks XenStore: a system call).
+    pub fn is_lost(&self) -> bool {
+        if !self.inner.chan.is_lost() {
+            self.inner.chan.probe_backend();
+        }
+        self.inner.chan.is_lost()
+    }
+}

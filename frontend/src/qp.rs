@@ -1,0 +1,526 @@
+//! Queue pairs: creation, connection, and the post path.
+//!
+//! Bypass post path, in full: build the 64-byte WQE on the stack, copy it into the next send
+//! or receive queue slot (granted page), release-store the producer index in the doorbell page,
+//! full fence, read the engine's sleep word; only if the engine announced a sleep we have not
+//! kicked yet, notify the event channel (the one system call, once per engine sleep).
+
+use std::sync::Arc;
+
+use shared_ring::abi::control::{Reply, Request, MAX_QUEUE_LOG2};
+use shared_ring::abi::wqe::{flags, WqeData, WqeOpcode, WqeRepr, MAX_INLINE, MAX_SGE, WQE_LEN};
+use shared_ring::doorbell::EngineKick;
+use shared_ring::queue::QueueError;
+use shared_ring::{SharedRegion, WqProducer, PAGE_SIZE};
+use xen_platform::Access;
+
+use crate::channel::pages_for;
+use crate::context::{CtxInner, Mode};
+use crate::cq::{CompletionQueue, CqShared};
+use crate::error::{Error, Result};
+use crate::mr::{MrSlice, PdInner, ProtectionDomain, RemoteMr};
+
+/// Where a queue pair can be reached: the backend's address and the QP number. Hand it to the
+/// peer (`Display`/`FromStr` give `addr/qp_num`; the address is the backend's XenStore
+/// `address`, `::` when it publishes none, meaning "this backend").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct QpEndpoint {
+    pub addr: [u8; 16],
+    pub qp_num: u32,
+}
+
+impl std::fmt::Display for QpEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let a = std::net::Ipv6Addr::from(self.addr);
+        write!(f, "{a}/{}", self.qp_num)
+    }
+}
+
+impl std::str::FromStr for QpEndpoint {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<QpEndpoint> {
+        let bad = || Error::InvalidArgument(format!("{s:?} is not ADDRESS/QPN"));
+        let (a, q) = s.trim().rsplit_once('/').ok_or_else(bad)?;
+        Ok(QpEndpoint {
+            addr: crate::channel::parse_addr(a).ok_or_else(bad)?,
+            qp_num: q.parse().map_err(|_| bad())?,
+        })
+    }
+}
+
+/// What a send-queue work request does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendOp {
+    Send,
+    SendWithImm(u32),
+    Write(RemoteMr),
+    WriteWithImm(RemoteMr, u32),
+    Read(RemoteMr),
+}
+
+/// Where a send work request's data is.
+#[derive(Debug, Clone, Copy)]
+pub enum WrData<'a> {
+    /// Scatter/gather entries over registered memory (at most [`MAX_SGE`]).
+    Sges(&'a [MrSlice<'a>]),
+    /// Bytes copied into the WQE itself (at most the QP's max inline, ≤ [`MAX_INLINE`]).
+    Inline(&'a [u8]),
+}
+
+/// A send-queue work request with every option (the `post_*` helpers cover the usual cases).
+#[derive(Debug, Clone, Copy)]
+pub struct SendWr<'a> {
+    pub wr_id: u64,
+    pub op: SendOp,
+    pub data: WrData<'a>,
+    /// Generate a completion on success (errors always complete).
+    pub signaled: bool,
+    /// Ask for a solicited event at the receiver.
+    pub solicited: bool,
+    /// Wait for earlier RDMA READs first.
+    pub fence: bool,
+}
+
+/// Options for a new queue pair.
+pub struct QueuePairBuilder<'a> {
+    pd: &'a ProtectionDomain,
+    send_cq: &'a CompletionQueue,
+    recv_cq: &'a CompletionQueue,
+    sq_size: u32,
+    rq_size: u32,
+    max_inline: u32,
+}
+
+impl<'a> QueuePairBuilder<'a> {
+    pub(crate) fn new(
+        pd: &'a ProtectionDomain,
+        send_cq: &'a CompletionQueue,
+        recv_cq: &'a CompletionQueue,
+    ) -> Self {
+        QueuePairBuilder {
+            pd,
+            send_cq,
+            recv_cq,
+            sq_size: 128,
+            rq_size: 128,
+            max_inline: MAX_INLINE as u32,
+        }
+    }
+    /// Send queue slots (rounded up to a power of two; default 128).
+    pub fn sq_size(mut self, n: u32) -> Self {
+        self.sq_size = n;
+        self
+    }
+    /// Receive queue slots (rounded up to a power of two; default 128).
+    pub fn rq_size(mut self, n: u32) -> Self {
+        self.rq_size = n;
+        self
+    }
+    /// Largest inline send (default and maximum [`MAX_INLINE`], or the backend's `max-inline`).
+    pub fn max_inline(mut self, n: u32) -> Self {
+        self.max_inline = n;
+        self
+    }
+
+    /// Creates the queue pair (not yet connected).
+    pub fn build(self) -> Result<QueuePair> {
+        let ctx = &self.pd.inner.ctx;
+        let log2 = |n: u32, what: &str| -> Result<u8> {
+            let l = n.max(1).next_power_of_two().trailing_zeros();
+            if l > u32::from(MAX_QUEUE_LOG2) {
+                return Err(Error::InvalidArgument(format!(
+                    "{what} of {n} slots is larger than the protocol allows (2^{MAX_QUEUE_LOG2})"
+                )));
+            }
+            Ok(l as u8)
+        };
+        let inline_cap = ctx
+            .chan
+            .limits
+            .max_inline
+            .map_or(MAX_INLINE as u32, |m| m.min(MAX_INLINE as u32));
+        if self.max_inline > inline_cap {
+            return Err(Error::InvalidArgument(format!(
+                "max inline {} exceeds the device's {inline_cap}",
+                self.max_inline
+            )));
+        }
+        for cq in [self.send_cq, self.recv_cq] {
+            if !Arc::ptr_eq(&cq.shared.ctx, ctx) {
+                return Err(Error::InvalidArgument(
+                    "the CQ belongs to another context".into(),
+                ));
+            }
+        }
+        let reply = ctx.chan.call(Request::CreateQp {
+            pd: self.pd.inner.handle,
+            send_cq: self.send_cq.shared.handle,
+            recv_cq: self.recv_cq.shared.handle,
+            sq_log2: log2(self.sq_size, "a send queue")?,
+            rq_log2: log2(self.rq_size, "a receive queue")?,
+        })?;
+        let Reply::Qp {
+            qp,
+            qp_num,
+            sq_slot,
+            rq_slot,
+            sq_log2,
+            rq_log2,
+            pages,
+        } = reply
+        else {
+            return Err(Error::protocol(format!("CreateQp answered with {reply:?}")));
+        };
+        let made = (|| {
+            let sq_len = WQE_LEN << sq_log2;
+            let rq_len = WQE_LEN << rq_log2;
+            let sq_pages = pages_for(sq_len);
+            let want = sq_pages + pages_for(rq_len);
+            if pages.n_pages() as usize != want {
+                return Err(Error::protocol(format!(
+                    "CreateQp granted {} pages for queues needing {want}",
+                    pages.n_pages()
+                )));
+            }
+            let region = ctx.chan.map_page_list(&pages, Access::ReadWrite)?;
+            let sq_db = ctx.chan.doorbell.queue(sq_slot)?;
+            let rq_db = ctx.chan.doorbell.queue(rq_slot)?;
+            let sq = WqProducer::new(
+                region.slots::<WQE_LEN>(0, 1usize << sq_log2)?,
+                sq_db.prod,
+                sq_db.cons,
+                0,
+            );
+            let rq = WqProducer::new(
+                region.slots::<WQE_LEN>(sq_pages * PAGE_SIZE, 1usize << rq_log2)?,
+                rq_db.prod,
+                rq_db.cons,
+                0,
+            );
+            let kick = ctx.chan.doorbell.engine_kick()?;
+            Ok((region, sq, rq, kick))
+        })();
+        let (region, sq, rq, kick) = match made {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = ctx.chan.call(Request::DestroyQp { qp });
+                return Err(e);
+            }
+        };
+        Ok(QueuePair {
+            shared: Arc::new(QpShared {
+                pd: self.pd.inner.clone(),
+                handle: qp,
+                _send_cq: self.send_cq.shared.clone(),
+                _recv_cq: self.recv_cq.shared.clone(),
+                _pages: region,
+            }),
+            sq,
+            rq,
+            kick,
+            qp_num,
+            max_inline: self.max_inline,
+            max_sge: ctx
+                .chan
+                .limits
+                .max_sge
+                .map_or(MAX_SGE, |m| (m as usize).min(MAX_SGE)),
+            mode: ctx.mode,
+        })
+    }
+}
+
+struct QpShared {
+    pd: Arc<PdInner>,
+    handle: u32,
+    _send_cq: Arc<CqShared>,
+    _recv_cq: Arc<CqShared>,
+    _pages: SharedRegion,
+}
+
+impl QpShared {
+    fn ctx(&self) -> &CtxInner {
+        &self.pd.ctx
+    }
+}
+
+impl Drop for QpShared {
+    fn drop(&mut self) {
+        let chan = &self.pd.ctx.chan;
+        if !chan.is_lost() {
+            if let Err(e) = chan.call(Request::DestroyQp { qp: self.handle }) {
+                tracing::warn!(qp = self.handle, "destroying a QP: {e}");
+            }
+        }
+    }
+}
+
+/// A reliable-connected queue pair.
+pub struct QueuePair {
+    shared: Arc<QpShared>,
+    sq: WqProducer,
+    rq: WqProducer,
+    kick: EngineKick,
+    qp_num: u32,
+    max_inline: u32,
+    max_sge: usize,
+    mode: Mode,
+}
+
+impl std::fmt::Debug for QueuePair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueuePair")
+            .field("handle", &self.shared.handle)
+            .field("qp_num", &self.qp_num)
+            .finish()
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Queue {
+    Send,
+    Recv,
+}
+
+impl QueuePair {
+    /// The QP number.
+    pub fn qp_num(&self) -> u32 {
+        self.qp_num
+    }
+    /// The backend's handle.
+    pub fn handle(&self) -> u32 {
+        self.shared.handle
+    }
+    /// Where a peer connects to this QP.
+    pub fn endpoint(&self) -> QpEndpoint {
+        QpEndpoint {
+            addr: self.shared.ctx().chan.backend_addr,
+            qp_num: self.qp_num,
+        }
+    }
+
+    /// Connects to the peer QP at `remote` (both sides connect to each other's endpoint, as
+    /// RC QPs do). Ready to send when it returns. A peer on the same backend is paired by QP
+    /// number (`Connect` with address `::` and `remote_qpn`).
+    pub fn connect(&mut self, remote: &QpEndpoint) -> Result<()> {
+        let chan = &self.shared.ctx().chan;
+        let addr = if remote.addr == chan.backend_addr {
+            [0; 16]
+        } else {
+            remote.addr
+        };
+        chan.call(Request::Connect {
+            qp: self.shared.handle,
+            port: 0,
+            addr,
+            remote_qpn: remote.qp_num,
+        })?;
+        Ok(())
+    }
+
+    /// Posts a receive buffer.
+    pub fn post_recv(&mut self, local: &[MrSlice<'_>], wr_id: u64) -> Result<()> {
+        let wqe = WqeRepr {
+            opcode: WqeOpcode::Recv,
+            flags: flags::SIGNALED,
+            wr_id,
+            imm_data: 0,
+            remote_addr: 0,
+            rkey: 0,
+            data: self.sges(local)?,
+        };
+        self.post(Queue::Recv, &wqe)
+    }
+
+    /// SEND of `local` (signaled).
+    pub fn post_send(&mut self, local: &[MrSlice<'_>], wr_id: u64) -> Result<()> {
+        self.post_send_wr(&SendWr::new(wr_id, SendOp::Send, WrData::Sges(local)))
+    }
+
+    /// SEND with immediate data.
+    pub fn post_send_with_imm(
+        &mut self,
+        local: &[MrSlice<'_>],
+        imm: u32,
+        wr_id: u64,
+    ) -> Result<()> {
+        self.post_send_wr(&SendWr::new(
+            wr_id,
+            SendOp::SendWithImm(imm),
+            WrData::Sges(local),
+        ))
+    }
+
+    /// SEND of bytes carried in the WQE (no memory region needed; at most the QP's max inline).
+    pub fn post_send_inline(&mut self, data: &[u8], wr_id: u64) -> Result<()> {
+        self.post_send_wr(&SendWr::new(wr_id, SendOp::Send, WrData::Inline(data)))
+    }
+
+    /// RDMA WRITE of `local` to `remote`.
+    pub fn post_write(
+        &mut self,
+        local: &[MrSlice<'_>],
+        remote: RemoteMr,
+        wr_id: u64,
+    ) -> Result<()> {
+        self.post_send_wr(&SendWr::new(
+            wr_id,
+            SendOp::Write(remote),
+            WrData::Sges(local),
+        ))
+    }
+
+    /// RDMA WRITE with immediate data (consumes a receive at the peer).
+    pub fn post_write_with_imm(
+        &mut self,
+        local: &[MrSlice<'_>],
+        remote: RemoteMr,
+        imm: u32,
+        wr_id: u64,
+    ) -> Result<()> {
+        self.post_send_wr(&SendWr::new(
+            wr_id,
+            SendOp::WriteWithImm(remote, imm),
+            WrData::Sges(local),
+        ))
+    }
+
+    /// RDMA READ of `remote` into `local`.
+    pub fn post_read(&mut self, local: &[MrSlice<'_>], remote: RemoteMr, wr_id: u64) -> Result<()> {
+        self.post_send_wr(&SendWr::new(
+            wr_id,
+            SendOp::Read(remote),
+            WrData::Sges(local),
+        ))
+    }
+
+    /// Posts any send-queue work request.
+    pub fn post_send_wr(&mut self, wr: &SendWr<'_>) -> Result<()> {
+        let (opcode, imm, remote) = match wr.op {
+            SendOp::Send => (WqeOpcode::Send, 0, None),
+            SendOp::SendWithImm(i) => (WqeOpcode::SendWithImm, i, None),
+            SendOp::Write(r) => (WqeOpcode::RdmaWrite, 0, Some(r)),
+            SendOp::WriteWithImm(r, i) => (WqeOpcode::RdmaWriteWithImm, i, Some(r)),
+            SendOp::Read(r) => (WqeOpcode::RdmaRead, 0, Some(r)),
+        };
+        let data = match wr.data {
+            WrData::Sges(s) => self.sges(s)?,
+            WrData::Inline(b) => {
+                if b.len() > self.max_inline as usize {
+                    return Err(Error::InvalidArgument(format!(
+                        "{} inline bytes exceed the QP's max inline {}",
+                        b.len(),
+                        self.max_inline
+                    )));
+                }
+                if opcode == WqeOpcode::RdmaRead {
+                    return Err(Error::InvalidArgument(
+                        "an RDMA READ cannot have inline data".into(),
+                    ));
+                }
+                WqeData::inline(b)?
+            }
+        };
+        if let Some(r) = remote {
+            if data.total_len() > r.len {
+                return Err(Error::InvalidArgument(format!(
+                    "{} bytes do not fit the {}-byte remote region",
+                    data.total_len(),
+                    r.len
+                )));
+            }
+        }
+        let mut fl = 0;
+        if wr.signaled {
+            fl |= flags::SIGNALED;
+        }
+        if wr.solicited {
+            fl |= flags::SOLICITED;
+        }
+        if wr.fence {
+            fl |= flags::FENCE;
+        }
+        let wqe = WqeRepr {
+            opcode,
+            flags: fl,
+            wr_id: wr.wr_id,
+            imm_data: imm,
+            remote_addr: remote.map_or(0, |r| r.addr),
+            rkey: remote.map_or(0, |r| r.rkey),
+            data,
+        };
+        self.post(Queue::Send, &wqe)
+    }
+
+    fn sges(&self, local: &[MrSlice<'_>]) -> Result<WqeData> {
+        if local.len() > self.max_sge {
+            return Err(Error::InvalidArgument(format!(
+                "{} SGEs exceed the maximum of {}",
+                local.len(),
+                self.max_sge
+            )));
+        }
+        let mut s = [shared_ring::abi::wqe::Sge::default(); MAX_SGE];
+        for (d, l) in s.iter_mut().zip(local) {
+            *d = l.sge();
+        }
+        Ok(WqeData::sges(&s[..local.len()])?)
+    }
+
+    /// Writes one WQE into a raw slot, bypassing every client-side check. For tests of the
+    /// backend's validation (garbage WQEs must give error completions, never a crash).
+    #[doc(hidden)]
+    pub fn post_raw_send_slot(&mut self, slot: &[u8; WQE_LEN]) -> Result<()> {
+        self.post_bytes(Queue::Send, slot)
+    }
+
+    #[inline]
+    fn post(&mut self, q: Queue, wqe: &WqeRepr) -> Result<()> {
+        self.post_bytes(q, &wqe.to_bytes())
+    }
+
+    #[inline]
+    fn post_bytes(&mut self, q: Queue, slot: &[u8; WQE_LEN]) -> Result<()> {
+        let chan = &self.shared.pd.ctx.chan;
+        chan.check_lost()?;
+        let (p, name) = match q {
+            Queue::Send => (&mut self.sq, "send queue"),
+            Queue::Recv => (&mut self.rq, "receive queue"),
+        };
+        p.write(slot).map_err(|e| match e {
+            QueueError::Full { size } => Error::QueueFull { queue: name, size },
+            e => Error::protocol(format!("{name}: {e}")),
+        })?;
+        match self.mode {
+            Mode::Bypass => {
+                if p.publish_and_check_kick(&mut self.kick) {
+                    chan.kick()?;
+                }
+            }
+            Mode::Mediated => {
+                p.publish();
+                let prod = p.prod_pvt();
+                let qp = self.shared.handle;
+                chan.call(match q {
+                    Queue::Send => Request::PostSend { qp, prod },
+                    Queue::Recv => Request::PostRecv { qp, prod },
+                })?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<'a> SendWr<'a> {
+    /// A signaled request without solicited or fence flags.
+    pub fn new(wr_id: u64, op: SendOp, data: WrData<'a>) -> Self {
+        SendWr {
+            wr_id,
+            op,
+            data,
+            signaled: true,
+            solicited: false,
+            fence: false,
+        }
+    }
+}

@@ -1,0 +1,451 @@
+//! A simulated host in this process (grants and event channels from `SimHost`, XenStore from
+//! the embedded server), a toolstack attach, and a scripted fake backend speaking the channel
+//! contract of `docs/split-driver.md`: enough to test the frontend alone.
+
+#![allow(dead_code)]
+
+use std::collections::{HashMap, HashSet};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use shared_ring::abi::control::{Op, Reply, Request, RequestRepr, ResponseRepr, Status};
+use shared_ring::abi::cqe::CQE_LEN;
+use shared_ring::abi::page_dir::PageList;
+use shared_ring::abi::wqe::WQE_LEN;
+use shared_ring::cq::CqWriter;
+use shared_ring::doorbell::DoorbellPage;
+use shared_ring::{ControlBackRing, SharedRegion, WqConsumer, PAGE_SIZE};
+use xen_platform::sim::{SimHost, SimHostConfig};
+use xen_platform::{Access, DomId, EventChannel, Platform, PlatformKind};
+use xenstore_proto::client::{Client, NodeOps, XenbusStore};
+use xenstore_proto::server::Server;
+use xenstore_proto::wire::{Perm, PermKind, Perms};
+
+pub struct World {
+    pub host: SimHost,
+    pub xs: Server,
+    pub guest: DomId,
+    pub dom0: Platform,
+    pub dom0_store: Client,
+    pub _tmp: tempfile::TempDir,
+}
+
+impl World {
+    pub fn new() -> World {
+        let tmp = tempfile::Builder::new().prefix("vf").tempdir().unwrap();
+        let host = SimHost::start(SimHostConfig::new(tmp.path().join("h"))).unwrap();
+        let guest = host.create_domain(Some("guest"), None).unwrap();
+        let xs = host.xenstore_server().clone();
+        let dom0 = Platform::open(PlatformKind::Sim {
+            dir: host.dir().to_path_buf(),
+            domid: DomId(0),
+        })
+        .unwrap();
+        let dom0_store = Client::from_unix_stream(xs.connect(0).unwrap()).unwrap();
+        World {
+            host,
+            xs,
+            guest,
+            dom0,
+            dom0_store,
+            _tmp: tmp,
+        }
+    }
+
+    pub fn guest_platform(&self) -> Platform {
+        Platform::open(PlatformKind::Sim {
+            dir: self.host.dir().to_path_buf(),
+            domid: self.guest,
+        })
+        .unwrap()
+    }
+
+    pub fn guest_store(&self) -> Arc<dyn XenbusStore> {
+        Arc::new(self.guest_platform().xenstore().unwrap())
+    }
+
+    pub fn front_dir(&self) -> String {
+        format!("/local/domain/{}/device/vrdma/0", self.guest.0)
+    }
+    pub fn back_dir(&self) -> String {
+        format!("/local/domain/0/backend/vrdma/{}/0", self.guest.0)
+    }
+
+    /// Writes the device nodes as the toolstack does (one transaction).
+    pub fn attach(&self) {
+        let d = self.guest.0 as u32;
+        let (front, back) = (self.front_dir(), self.back_dir());
+        self.dom0_store
+            .transaction(|tx| {
+                tx.write(&back, "")?;
+                tx.set_perms(
+                    &back,
+                    &Perms(vec![
+                        Perm::new(PermKind::None, 0),
+                        Perm::new(PermKind::Read, d),
+                    ]),
+                )?;
+                tx.write(&format!("{back}/frontend"), &front)?;
+                tx.write(&format!("{back}/frontend-id"), d.to_string())?;
+                tx.write(&format!("{back}/online"), "1")?;
+                tx.write(&format!("{back}/state"), "1")?;
+                tx.write(&front, "")?;
+                tx.set_perms(
+                    &front,
+                    &Perms(vec![
+                        Perm::new(PermKind::None, d),
+                        Perm::new(PermKind::Read, 0),
+                    ]),
+                )?;
+                tx.write(&format!("{front}/backend"), &back)?;
+                tx.write(&format!("{front}/backend-id"), "0")?;
+                tx.write(&format!("{front}/state"), "1")?;
+                Ok(())
+            })
+            .unwrap();
+    }
+}
+
+/// Wraps platform pages as a region (test backend side).
+pub fn region_of_shared(p: xen_platform::SharedPages) -> SharedRegion {
+    let ptr = NonNull::new(p.as_ptr()).unwrap();
+    let len = p.len();
+    // SAFETY: the pages live in the keep-alive as long as the region; only atomic accesses.
+    unsafe { SharedRegion::from_raw_parts(ptr, len, Box::new(p)) }.unwrap()
+}
+
+pub fn region_of_mapping(m: xen_platform::ForeignMapping) -> SharedRegion {
+    let ptr = NonNull::new(m.as_ptr()).unwrap();
+    let len = m.len();
+    // SAFETY: as above.
+    unsafe { SharedRegion::from_raw_parts(ptr, len, Box::new(m)) }.unwrap()
+}
+
+/// A CQ the fake backend made.
+pub struct FakeCq {
+    pub writer: CqWriter,
+    pub slot: u32,
+}
+
+/// A QP the fake backend made.
+pub struct FakeQp {
+    pub qp_num: u32,
+    pub sq: WqConsumer,
+    pub rq: WqConsumer,
+    pub send_cq: u32,
+    pub recv_cq: u32,
+    pub posted_send: Vec<u32>,
+    pub connected_to: Option<(u32, [u8; 16])>,
+}
+
+/// What the fake backend holds for one channel; tests inspect and drive it.
+#[derive(Default)]
+pub struct BackState {
+    pub doorbell: Option<DoorbellPage>,
+    pub cqs: HashMap<u32, FakeCq>,
+    pub qps: HashMap<u32, FakeQp>,
+    pub mrs: HashMap<u32, (u32, u64)>,
+    pub pds: HashSet<u32>,
+    pub next_handle: u32,
+    pub next_slot: u32,
+    pub ops: Vec<Op>,
+    /// Statuses to answer instead of serving, per op (one each).
+    pub fail_next: HashMap<Op, Status>,
+    pub quota_qps: Option<usize>,
+    pub closed: bool,
+    pub evtchn: Option<Arc<EventChannel>>,
+    keep: Vec<SharedRegion>,
+}
+
+impl BackState {
+    fn handle(&mut self) -> u32 {
+        self.next_handle += 1;
+        self.next_handle
+    }
+    fn slot(&mut self) -> u32 {
+        let s = self.next_slot;
+        self.next_slot += 1;
+        s
+    }
+    /// Notifies the frontend (armed CQ, async event).
+    pub fn notify(&self) {
+        if let Some(e) = &self.evtchn {
+            e.notify().unwrap();
+        }
+    }
+}
+
+pub struct FakeBackend {
+    pub state: Arc<Mutex<BackState>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for FakeBackend {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl FakeBackend {
+    /// Starts serving the world's device: InitWait, then one channel (the first to appear).
+    pub fn start(w: &World) -> FakeBackend {
+        let store = Client::from_unix_stream(w.xs.connect(0).unwrap()).unwrap();
+        let back = w.back_dir();
+        store.write(&format!("{back}/versions"), "1").unwrap();
+        store.write(&format!("{back}/kind"), "fake").unwrap();
+        store.write(&format!("{back}/max-inline"), "32").unwrap();
+        store.write(&format!("{back}/state"), "2").unwrap();
+        let state = Arc::new(Mutex::new(BackState::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s2, st2) = (state.clone(), stop.clone());
+        let platform = w.dom0.clone();
+        let guest = w.guest;
+        let front = w.front_dir();
+        let thread = std::thread::spawn(move || {
+            serve(store, platform, guest, front, back, s2, st2);
+        });
+        FakeBackend {
+            state,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+fn serve(
+    store: Client,
+    platform: Platform,
+    guest: DomId,
+    front: String,
+    back: String,
+    state: Arc<Mutex<BackState>>,
+    stop: Arc<AtomicBool>,
+) {
+    // Wait for channel 0 to be Initialised.
+    let fchan = format!("{front}/channel/0");
+    let bchan = format!("{back}/channel/0");
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        if store
+            .read_opt(&format!("{fchan}/state"))
+            .unwrap()
+            .as_deref()
+            == Some(b"3")
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let ring_ref = store.read_u32(&format!("{fchan}/ring-ref")).unwrap();
+    let port = store.read_u32(&format!("{fchan}/event-channel")).unwrap();
+    let ring = region_of_mapping(
+        platform
+            .map_grants(
+                guest,
+                &[xen_platform::GrantRef(ring_ref)],
+                Access::ReadWrite,
+            )
+            .unwrap(),
+    );
+    let evtchn = Arc::new(
+        platform
+            .bind_interdomain(guest, xen_platform::EvtchnPort(port))
+            .unwrap(),
+    );
+    state.lock().unwrap().evtchn = Some(evtchn.clone());
+    let mut ring = ControlBackRing::new(ring).unwrap();
+    store.write(&format!("{bchan}/state"), "4").unwrap();
+    while !stop.load(Ordering::Relaxed) {
+        let mut notify = false;
+        while let Some(raw) = ring.next_request().unwrap() {
+            let req = RequestRepr::parse(&raw).unwrap();
+            let rsp = answer(&platform, guest, &state, &req);
+            ring.write_response(&rsp.to_bytes()).unwrap();
+            notify |= ring.push_responses_and_check_notify();
+        }
+        if notify {
+            evtchn.notify().unwrap();
+        }
+        let fstate = store.read_opt(&format!("{fchan}/state")).unwrap();
+        if matches!(fstate.as_deref(), Some(b"5") | Some(b"6") | None) {
+            store.write(&format!("{bchan}/state"), "5").unwrap();
+            state.lock().unwrap().closed = true;
+            store.write(&format!("{bchan}/state"), "6").unwrap();
+            return;
+        }
+        if !ring.final_check_for_requests().unwrap() {
+            let _ = evtchn.wait_timeout(Some(Duration::from_millis(5)));
+        }
+    }
+}
+
+fn share(platform: &Platform, guest: DomId, n: usize, access: Access) -> (SharedRegion, Vec<u32>) {
+    let p = platform.share_pages(guest, n, access).unwrap();
+    let grefs = p.grant_refs().iter().map(|g| g.0).collect();
+    (region_of_shared(p), grefs)
+}
+
+fn answer(
+    platform: &Platform,
+    guest: DomId,
+    state: &Mutex<BackState>,
+    req: &RequestRepr,
+) -> ResponseRepr {
+    let mut st = state.lock().unwrap();
+    let op = req.request.op();
+    st.ops.push(op);
+    let ok = |reply| ResponseRepr {
+        req_id: req.req_id,
+        op,
+        status: Status::Ok,
+        reply,
+    };
+    if let Some(s) = st.fail_next.remove(&op) {
+        return ResponseRepr::error(req.req_id, op, s);
+    }
+    match req.request {
+        Request::Init { .. } => {
+            let (db, dbg) = share(platform, guest, 1, Access::ReadWrite);
+            let (ev, evg) = share(platform, guest, 1, Access::ReadWrite);
+            let page = DoorbellPage::init(db.clone(), 1).unwrap();
+            let slots = page.slots();
+            st.doorbell = Some(page);
+            st.keep.push(db);
+            st.keep.push(ev);
+            ok(Reply::Init {
+                version: 1,
+                doorbell_gref: dbg[0],
+                event_gref: evg[0],
+                doorbell_slots: slots,
+            })
+        }
+        Request::AllocPd => {
+            let h = st.handle();
+            st.pds.insert(h);
+            ok(Reply::Handle(h))
+        }
+        Request::DeallocPd { pd } => {
+            st.pds.remove(&pd);
+            ok(Reply::Empty)
+        }
+        Request::RegMr { length, iova, .. } => {
+            let h = st.handle();
+            st.mrs.insert(h, (length as u32, iova));
+            ok(Reply::Mr {
+                mr: h,
+                lkey: h | 0x100,
+                rkey: h | 0x200,
+            })
+        }
+        Request::DeregMr { mr } => {
+            st.mrs.remove(&mr);
+            ok(Reply::Empty)
+        }
+        Request::CreateCq { cqe_log2 } => {
+            let n = 1usize << cqe_log2;
+            let pages = (n * CQE_LEN).div_ceil(PAGE_SIZE);
+            let (r, grefs) = share(platform, guest, pages, Access::ReadOnly);
+            let h = st.handle();
+            let slot = st.slot();
+            let db = st.doorbell.as_ref().unwrap().cq(slot).unwrap();
+            let writer = CqWriter::new(r.slots(0, n).unwrap(), db);
+            st.keep.push(r);
+            st.cqs.insert(h, FakeCq { writer, slot });
+            ok(Reply::Cq {
+                cq: h,
+                doorbell_slot: slot,
+                cqe_log2,
+                pages: PageList::inline(&grefs).unwrap(),
+            })
+        }
+        Request::DestroyCq { cq } => {
+            st.cqs.remove(&cq);
+            ok(Reply::Empty)
+        }
+        Request::CreateQp {
+            send_cq,
+            recv_cq,
+            sq_log2,
+            rq_log2,
+            ..
+        } => {
+            if st.quota_qps.is_some_and(|q| st.qps.len() >= q) {
+                return ResponseRepr::error(req.req_id, op, Status::QuotaExceeded);
+            }
+            let sq_pages = (WQE_LEN << sq_log2).div_ceil(PAGE_SIZE);
+            let rq_pages = (WQE_LEN << rq_log2).div_ceil(PAGE_SIZE);
+            let (r, grefs) = share(platform, guest, sq_pages + rq_pages, Access::ReadWrite);
+            let h = st.handle();
+            let (ss, rs) = (st.slot(), st.slot());
+            let db = st.doorbell.clone().unwrap();
+            let (sqd, rqd) = (db.queue(ss).unwrap(), db.queue(rs).unwrap());
+            let sq = WqConsumer::new(r.slots(0, 1 << sq_log2).unwrap(), sqd.prod, sqd.cons, 0);
+            let rq = WqConsumer::new(
+                r.slots(sq_pages * PAGE_SIZE, 1 << rq_log2).unwrap(),
+                rqd.prod,
+                rqd.cons,
+                0,
+            );
+            let list = if grefs.len() <= 4 {
+                PageList::inline(&grefs).unwrap()
+            } else {
+                panic!("fake backend: use small queues");
+            };
+            st.keep.push(r);
+            st.qps.insert(
+                h,
+                FakeQp {
+                    qp_num: 1000 + h,
+                    sq,
+                    rq,
+                    send_cq,
+                    recv_cq,
+                    posted_send: vec![],
+                    connected_to: None,
+                },
+            );
+            ok(Reply::Qp {
+                qp: h,
+                qp_num: 1000 + h,
+                sq_slot: ss,
+                rq_slot: rs,
+                sq_log2,
+                rq_log2,
+                pages: list,
+            })
+        }
+        Request::DestroyQp { qp } => {
+            st.qps.remove(&qp);
+            ok(Reply::Empty)
+        }
+        Request::Connect {
+            qp,
+            addr,
+            remote_qpn,
+            ..
+        } => match st.qps.get_mut(&qp) {
+            Some(q) => {
+                q.connected_to = Some((remote_qpn, addr));
+                ok(Reply::Empty)
+            }
+            None => ResponseRepr::error(req.req_id, op, Status::BadHandle),
+        },
+        Request::PostSend { qp, prod } => match st.qps.get_mut(&qp) {
+            Some(q) => {
+                q.posted_send.push(prod);
+                ok(Reply::Empty)
+            }
+            None => ResponseRepr::error(req.req_id, op, Status::BadHandle),
+        },
+        Request::PollCq { .. } => ok(Reply::Poll(None)),
+        _ => ResponseRepr::error(req.req_id, op, Status::NotSupported),
+    }
+}
