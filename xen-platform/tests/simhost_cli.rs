@@ -275,3 +275,40 @@ fn two_processes_in_two_domains_ping_pong() {
     assert!(ms.contains("MAP: 1000 rounds done, counter 2000"), "{ms}");
     assert!(os.contains("OFFER: 1000 rounds done"), "{os}");
 }
+
+#[test]
+fn a_second_host_on_the_same_dir_is_refused_and_a_dead_ones_leftovers_are_cleaned() {
+    let mut s = Served::start();
+    s.ok(&["domain", "create"]);
+    let out = Command::new(BIN)
+        .args(["serve", "--dir"])
+        .arg(s.dir())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already serves"));
+    // Kill the host: its sockets stay behind; a new host replaces them.
+    s.child.kill().unwrap();
+    s.child.wait().unwrap();
+    assert!(s.dir().join("domains/1/hypercall.sock").exists());
+    let dir = std::mem::replace(&mut s.dir, tempfile::tempdir().unwrap());
+    let s2 = Served {
+        child: {
+            let mut c = Command::new(BIN)
+                .args(["serve", "--dir"])
+                .arg(dir.path())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut line = String::new();
+            BufReader::new(c.stdout.take().unwrap())
+                .read_line(&mut line)
+                .unwrap();
+            assert!(line.contains("serving"), "{line:?}");
+            c
+        },
+        dir,
+    };
+    assert!(!s2.dir().join("domains/1").exists());
+    assert_eq!(s2.ok(&["domain", "create"]).trim(), "1");
+}

@@ -74,6 +74,7 @@ struct Host {
     ids: AtomicU64,
     stopping: AtomicBool,
     control_listener: OwnedFd,
+    control_conns: Mutex<HashMap<u64, OwnedFd>>,
     hooks: Arc<dyn DomainHooks>,
 }
 
@@ -141,6 +142,21 @@ struct Domain {
 /// Xen reserves the first grant references (`GNTTAB_NR_RESERVED_ENTRIES`).
 const FIRST_GREF: u32 = 8;
 
+/// A host that died leaves its domains' sockets behind; nobody serves them any more.
+fn remove_stale_domains(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir.join("domains")) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let Some(domid) = e.file_name().to_str().and_then(|n| n.parse::<u16>().ok()) else {
+            continue;
+        };
+        let _ = std::fs::remove_file(sock::hypercall_socket(dir, domid));
+        let _ = std::fs::remove_file(sock::xenstore_socket(dir, domid));
+        let _ = std::fs::remove_dir(e.path());
+    }
+}
+
 /// The host holds one descriptor per grant allocation and two per event channel: lift the soft
 /// descriptor limit to the hard one, as daemons serving many clients do.
 fn raise_fd_limit() {
@@ -175,6 +191,7 @@ impl SimHost {
                 dir.display()
             )));
         }
+        remove_stale_domains(&dir);
         let control_listener =
             sock::listen(&ctl).map_err(|e| Error::os(format!("listen on {}", ctl.display()), e))?;
         let host = Arc::new(Host {
@@ -184,6 +201,7 @@ impl SimHost {
             ids: AtomicU64::new(1),
             stopping: AtomicBool::new(false),
             control_listener,
+            control_conns: Mutex::new(HashMap::new()),
             hooks,
         });
         host.create_domain(0, "Domain-0", config.default_max_grants)
@@ -255,6 +273,14 @@ impl Host {
             return;
         }
         sock::shutdown(&self.control_listener);
+        for c in self
+            .control_conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+        {
+            sock::shutdown(c);
+        }
         let domids: Vec<u16> = self.lock().domains.keys().copied().collect();
         for d in domids.into_iter().rev() {
             let _ = self.destroy_inner(d, true);
@@ -500,9 +526,23 @@ impl Host {
     }
 
     fn serve_control(self: Arc<Self>, conn_id: u64, conn: OwnedFd) {
+        if let Ok(keep) = sock::dup(&conn) {
+            self.control_conns
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(conn_id, keep);
+        }
+        self.serve_control_conn(conn_id, &conn);
+        self.control_conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&conn_id);
+    }
+
+    fn serve_control_conn(self: &Arc<Self>, conn_id: u64, conn: &OwnedFd) {
         let mut adopted: Option<u16> = None;
         loop {
-            let msg = match wire::recv(&conn) {
+            let msg = match wire::recv(conn) {
                 Ok(Received::Message(m, _)) => m,
                 Ok(Received::Closed) | Err(_) => break,
             };
@@ -537,7 +577,7 @@ impl Host {
                     }
                 }
             };
-            if wire::send(&conn, &proto::emit_control_answer(&answer), &[]).is_err() {
+            if wire::send(conn, &proto::emit_control_answer(&answer), &[]).is_err() {
                 break;
             }
         }

@@ -411,23 +411,31 @@ mod tests {
             .collect()
     }
 
+    fn compare(c: &BTreeMap<String, u64>, rust: &[(&str, u64)]) -> Result<(), String> {
+        if c.len() != rust.len() {
+            return Err("the C program and layout_table() list different items".into());
+        }
+        for (name, value) in rust {
+            match c.get(*name) {
+                None => return Err(format!("C program lacks {name}")),
+                Some(cv) if cv != value => {
+                    return Err(format!("{name}: C says {cv}, Rust says {value}"))
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+
     fn check(variant_define: &str) {
         let c = c_table(variant_define);
-        let rust = layout_table();
-        assert_eq!(
-            c.len(),
-            rust.len(),
-            "the C program and layout_table() list different items"
-        );
-        for (name, value) in rust {
-            let cv = c
-                .get(name)
-                .unwrap_or_else(|| panic!("C program lacks {name}"));
-            assert_eq!(
-                *cv, value,
-                "{name} ({variant_define}): C says {cv}, Rust says {value}"
-            );
+        if let Err(e) = compare(&c, &layout_table()) {
+            panic!("{variant_define}: {e}");
         }
+        // The comparison can fail: a single wrong number is caught.
+        let mut wrong = layout_table();
+        wrong[3].1 += 1;
+        assert!(compare(&c, &wrong).is_err());
     }
 
     /// The kernel uapi headers as installed at `/usr/include/xen/{gntalloc,gntdev,evtchn}.h`.
