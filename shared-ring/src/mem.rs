@@ -5,6 +5,8 @@
 //! word: index words with the ordering the caller asks for, payload copies as relaxed word
 //! loads/stores. A racing peer can therefore make us read a torn *object*, never cause a data
 //! race in the Rust memory model; objects are copied out and validated after the copy.
+//! The one exception is bulk payload ([`SharedRegion::copy_from`], `read_bytes`,
+//! `write_bytes`): plain bytes copied at `memcpy` speed, which a racing writer can only garble.
 //!
 //! Bounds and alignment are checked once, when a [`SharedWord`] or [`SlotArray`] is carved out
 //! of a [`SharedRegion`]; after that every access is in bounds by construction (slot indexes are
@@ -315,6 +317,111 @@ impl SharedRegion {
         Ok(())
     }
 
+    fn check_bytes(&self, offset: usize, len: usize) -> Result<(), MemError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(MemError::OutOfBounds {
+                offset,
+                len,
+                region_len: self.len,
+            }),
+        }
+    }
+
+    /// Copies `buf.len()` bytes out of the region at any `offset` (no alignment needed): bulk
+    /// data such as RDMA payloads. See [`Self::copy_from`] for what a racing writer can do.
+    pub fn read_bytes(&self, offset: usize, buf: &mut [u8]) -> Result<(), MemError> {
+        self.check_bytes(offset, buf.len())?;
+        #[cfg(not(loom))]
+        // SAFETY: `[offset, offset + len)` is inside this window (checked), hence inside the
+        // backing memory, valid while `self.backing` lives; `buf` is private memory that cannot
+        // overlap shared memory. The shared bytes are plain data (any value is a valid `u8`) and
+        // are only read: a concurrent writer can make us copy garbled bytes, nothing more.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.byte_ptr(offset), buf.as_mut_ptr(), buf.len());
+        }
+        #[cfg(loom)]
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = self.loom_byte(offset + i);
+        }
+        Ok(())
+    }
+
+    /// Copies `data` into the region at any `offset` (no alignment needed).
+    pub fn write_bytes(&self, offset: usize, data: &[u8]) -> Result<(), MemError> {
+        self.check_bytes(offset, data.len())?;
+        #[cfg(not(loom))]
+        // SAFETY: as in `read_bytes`, the destination range is inside the live backing memory
+        // and `data` is private; writing plain bytes into shared memory can only garble what a
+        // concurrent reader copies out, which that reader validates after the copy.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.byte_ptr(offset), data.len());
+        }
+        #[cfg(loom)]
+        for (i, b) in data.iter().enumerate() {
+            self.loom_set_byte(offset + i, *b);
+        }
+        Ok(())
+    }
+
+    /// Copies `len` bytes from `src` at `src_offset` into this region at `offset`, at any
+    /// alignment and at `memmove` speed (the two ranges may overlap, e.g. two windows of one
+    /// mapping). This is the bulk-data primitive of the RDMA engine.
+    ///
+    /// Unlike the word accessors it is not atomic: the payload is plain bytes that the guest
+    /// may rewrite while we copy, so the copy may see a mix of old and new bytes (as with DMA on
+    /// a real device); no reference is ever formed and no byte outside the two checked ranges
+    /// is touched.
+    pub fn copy_from(
+        &self,
+        offset: usize,
+        src: &SharedRegion,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<(), MemError> {
+        self.check_bytes(offset, len)?;
+        src.check_bytes(src_offset, len)?;
+        #[cfg(not(loom))]
+        // SAFETY: both ranges are inside their windows (checked) and so inside live backing
+        // memory; `ptr::copy` allows overlap. The bytes are plain data with no invariants, so a
+        // concurrent writer (another domain) can only garble the copied payload.
+        unsafe {
+            std::ptr::copy(src.byte_ptr(src_offset), self.byte_ptr(offset), len);
+        }
+        #[cfg(loom)]
+        {
+            let mut tmp = vec![0u8; len];
+            src.read_bytes(src_offset, &mut tmp)?;
+            self.write_bytes(offset, &tmp)?;
+        }
+        Ok(())
+    }
+
+    #[cfg(not(loom))]
+    #[inline(always)]
+    fn byte_ptr(&self, offset: usize) -> *mut u8 {
+        let b = &*self.backing;
+        debug_assert!(self.offset + offset <= b.len);
+        // SAFETY: callers checked `offset <= self.len`, and windows lie inside the backing, so
+        // the result is within (or one past the end of) the backing allocation.
+        unsafe { b.base.as_ptr().add(self.offset + offset) }
+    }
+
+    #[cfg(loom)]
+    fn loom_byte(&self, offset: usize) -> u8 {
+        let w = self.with_word(offset & !3, |w| w.load(Ordering::Relaxed));
+        w.to_ne_bytes()[offset & 3]
+    }
+
+    #[cfg(loom)]
+    fn loom_set_byte(&self, offset: usize, v: u8) {
+        self.with_word(offset & !3, |w| {
+            let mut b = w.load(Ordering::Relaxed).to_ne_bytes();
+            b[offset & 3] = v;
+            w.store(u32::from_ne_bytes(b), Ordering::Relaxed)
+        });
+    }
+
     // --- the only code that turns offsets into memory accesses ---------------------------------
 
     /// Runs `f` on the atomic word at `offset`, which the caller has bounds- and
@@ -513,6 +620,24 @@ mod tests {
         assert_eq!(raw, [1, 2, 3, 4, 5, 6, 7, 8]);
         s.store_word::<4>(3, 0xdead_beef, Ordering::Release);
         assert_eq!(r.load_u32(64 + 28, Ordering::Acquire).unwrap(), 0xdead_beef);
+    }
+
+    #[test]
+    fn byte_copies_at_any_alignment() {
+        let r = SharedRegion::alloc(64).unwrap();
+        r.write_bytes(3, &[1, 2, 3, 4, 5]).unwrap();
+        let mut b = [0u8; 7];
+        r.read_bytes(2, &mut b).unwrap();
+        assert_eq!(b, [0, 1, 2, 3, 4, 5, 0]);
+        r.copy_from(5, &r.clone(), 3, 5).unwrap(); // overlapping
+        r.read_bytes(3, &mut b).unwrap();
+        assert_eq!(b, [1, 2, 1, 2, 3, 4, 5]);
+        let s = SharedRegion::alloc(16).unwrap();
+        s.copy_from(15, &r, 63, 1).unwrap();
+        assert!(s.copy_from(15, &r, 63, 2).is_err());
+        assert!(r.read_bytes(60, &mut [0; 5]).is_err());
+        assert!(r.write_bytes(usize::MAX, &[0]).is_err());
+        assert!(r.copy_from(0, &s, 1, 16).is_err());
     }
 
     #[test]
