@@ -1,1 +1,163 @@
-//! (being written)
+//! Engine threads: poll the doorbells of their channels' QPs, execute work, and sleep when
+//! idle.
+//!
+//! Sleeping (DESIGN §6, the `req_event` idiom): after `spin` without work the engine arms the
+//! sleep word of every channel it serves (`EngineSleep::prepare_sleep`, which fences), re-checks
+//! every queue, and only then blocks in `mio::Poll` on its waker. A frontend that publishes a
+//! producer index after the re-check sees the sleep word and notifies the channel's event
+//! channel; the daemon forwards that as [`super::Device::kick`], which wakes the engine. The
+//! control path wakes it the same way when channels or QPs come and go, and for mediated posts.
+//!
+//! A QP blocked on a RECV at a QP served by another engine cannot be woken by its own
+//! channels' kicks; the serving engine hands the wake-up over (`exec::hand_off_rnr`), and as a
+//! safety net such an engine sleeps at most [`RNR_NAP`] at a time.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use mio::{Events, Poll, Token, Waker};
+
+use super::exec::{self, Ctx};
+use super::mr::KeyTable;
+use super::objects::{lock, Channel, Qp};
+
+/// Longest sleep of an engine whose QP waits for a RECV at another engine's QP.
+pub(crate) const RNR_NAP: Duration = Duration::from_millis(1);
+
+/// The part of an engine that other threads see.
+pub(crate) struct EngineShared {
+    pub(crate) idx: usize,
+    waker: Waker,
+    generation: AtomicU64,
+    pub(crate) channels: Mutex<Vec<Arc<Channel>>>,
+    stop: AtomicBool,
+    /// Times the engine blocked (for tests and diagnostics).
+    pub(crate) sleeps: AtomicU64,
+    /// True while the engine is blocked or about to block.
+    pub(crate) asleep: AtomicBool,
+}
+
+impl EngineShared {
+    /// Wakes the engine if it sleeps (a spurious wake-up otherwise, absorbed by the next sleep).
+    pub(crate) fn wake(&self) {
+        if let Err(e) = self.waker.wake() {
+            tracing::warn!(engine = self.idx, "engine waker failed: {e}");
+        }
+    }
+
+    /// Channels or QPs changed: the engine re-reads its lists.
+    pub(crate) fn changed(&self) {
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        self.wake();
+    }
+
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.wake();
+    }
+}
+
+/// An engine ready to run: its shared part and its poller.
+pub(crate) struct Prepared {
+    pub(crate) shared: Arc<EngineShared>,
+    poll: Poll,
+}
+
+pub(crate) fn prepare(idx: usize) -> std::io::Result<Prepared> {
+    let poll = Poll::new()?;
+    let waker = Waker::new(poll.registry(), Token(0))?;
+    Ok(Prepared {
+        shared: Arc::new(EngineShared {
+            idx,
+            waker,
+            generation: AtomicU64::new(0),
+            channels: Mutex::new(Vec::new()),
+            stop: AtomicBool::new(false),
+            sleeps: AtomicU64::new(0),
+            asleep: AtomicBool::new(false),
+        }),
+        poll,
+    })
+}
+
+pub(crate) fn spawn(
+    p: Prepared,
+    spin: Duration,
+    keys: Arc<KeyTable>,
+    engines: Arc<[Arc<EngineShared>]>,
+) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(format!("vrdma-engine-{}", p.shared.idx))
+        .spawn(move || run(p, spin, keys, engines))
+}
+
+fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<EngineShared>]>) {
+    let Prepared {
+        shared: me,
+        mut poll,
+    } = p;
+    let mut events = Events::with_capacity(8);
+    let ctx = Ctx {
+        keys: &keys,
+        me: me.idx,
+        engines: &engines,
+    };
+    let mut seen = u64::MAX;
+    let mut chans: Vec<Arc<Channel>> = Vec::new();
+    let mut qps: Vec<Arc<Qp>> = Vec::new();
+    let mut idle_since: Option<Instant> = None;
+    tracing::debug!(engine = me.idx, "engine started");
+    while !me.stop.load(Ordering::Acquire) {
+        let g = me.generation.load(Ordering::SeqCst);
+        if g != seen {
+            seen = g;
+            chans = lock(&me.channels).clone();
+            qps = chans.iter().flat_map(|c| lock(&c.qps).clone()).collect();
+        }
+        let mut did = false;
+        for qp in &qps {
+            did |= exec::process_qp(&ctx, qp);
+        }
+        if did {
+            idle_since = None;
+            continue;
+        }
+        let since = *idle_since.get_or_insert_with(Instant::now);
+        if since.elapsed() < spin {
+            std::hint::spin_loop();
+            continue;
+        }
+        // Arm every sleep word, then look once more: a post published before the arm is seen
+        // here, one published after it sees the arm and kicks.
+        me.asleep.store(true, Ordering::SeqCst);
+        for c in &chans {
+            lock(&c.sleep).prepare_sleep();
+        }
+        let mut work = false;
+        let mut nap = false;
+        for qp in &qps {
+            let (w, cross) = exec::has_work(qp, me.idx);
+            work |= w;
+            nap |= cross;
+        }
+        if !work && me.generation.load(Ordering::SeqCst) == seen && !me.stop.load(Ordering::SeqCst)
+        {
+            me.sleeps.fetch_add(1, Ordering::Relaxed);
+            let timeout = nap.then_some(RNR_NAP);
+            if let Err(e) = poll.poll(&mut events, timeout) {
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    tracing::error!(engine = me.idx, "engine poll failed: {e}");
+                    std::thread::sleep(RNR_NAP);
+                }
+            }
+        }
+        for c in &chans {
+            lock(&c.sleep).wake();
+        }
+        me.asleep.store(false, Ordering::SeqCst);
+        idle_since = None;
+    }
+    tracing::debug!(engine = me.idx, "engine stopped");
+}

@@ -1,1 +1,432 @@
-//! (being written)
+//! Execution of work requests with RC semantics between QPs of this backend.
+//!
+//! Every WQE is copied out of the queue (by `shared_ring::queue`) and parsed into a
+//! [`WqeRepr`] before anything is done with it; every byte range it names is resolved through
+//! the key table, which checks owner, access and bounds. Nothing the guest writes is trusted
+//! after that point, and nothing it writes later changes what is executed.
+
+use std::sync::atomic::{fence, Ordering};
+use std::sync::{Arc, Weak};
+
+use shared_ring::abi::control::{access, QpState};
+use shared_ring::abi::cqe::{flags as cqe_flags, CqeOpcode, CqeRepr, CqeStatus};
+use shared_ring::abi::event::EventKind;
+use shared_ring::abi::wqe::{flags, WqeData, WqeOpcode, WqeRepr, MAX_SGE, WQE_LEN};
+
+use super::engine::EngineShared;
+use super::mr::{self, KeyTable, Seg, Source};
+use super::objects::{lock, Qp, SendSide};
+
+/// WQEs one QP may execute per engine pass (fairness between QPs).
+const BUDGET: usize = 32;
+/// WQEs one QP may flush per queue per pass.
+const FLUSH_BUDGET: usize = 256;
+
+type SegList = [Option<Seg>; MAX_SGE];
+
+/// What an engine pass needs.
+pub(crate) struct Ctx<'a> {
+    pub(crate) keys: &'a KeyTable,
+    pub(crate) me: usize,
+    pub(crate) engines: &'a [Arc<EngineShared>],
+}
+
+enum Exec {
+    Done {
+        status: CqeStatus,
+        len: u64,
+    },
+    /// No RECV posted at the peer: retry later, in order.
+    Blocked,
+}
+
+fn done(status: CqeStatus, len: u64) -> Exec {
+    Exec::Done { status, len }
+}
+
+fn wr_id_of(raw: &[u8; WQE_LEN]) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&raw[8..16]);
+    u64::from_le_bytes(b)
+}
+
+fn cqe_opcode(op: WqeOpcode) -> CqeOpcode {
+    match op {
+        WqeOpcode::Send | WqeOpcode::SendWithImm => CqeOpcode::Send,
+        WqeOpcode::RdmaWrite | WqeOpcode::RdmaWriteWithImm => CqeOpcode::RdmaWrite,
+        WqeOpcode::RdmaRead => CqeOpcode::RdmaRead,
+        WqeOpcode::Recv => CqeOpcode::Recv,
+    }
+}
+
+fn cqe(qp: &Qp, wr_id: u64, opcode: CqeOpcode, status: CqeStatus, len: u64) -> CqeRepr {
+    CqeRepr {
+        wr_id,
+        status,
+        opcode,
+        byte_len: if status == CqeStatus::Success {
+            len as u32
+        } else {
+            0
+        },
+        imm_data: 0,
+        qp_num: qp.num.0,
+        vendor_err: 0,
+        flags: 0,
+    }
+}
+
+/// One pass over a QP; `true` if it did work.
+pub(crate) fn process_qp(ctx: &Ctx<'_>, qp: &Arc<Qp>) -> bool {
+    if qp.destroyed.load(Ordering::Relaxed) {
+        return false;
+    }
+    let did = match qp.state() {
+        QpState::Error => flush(qp),
+        QpState::Rts => run_sq(ctx, qp),
+        _ => false,
+    };
+    hand_off_rnr(ctx, qp);
+    did
+}
+
+/// A QP of another engine waits for a RECV here: wake that engine once one is posted.
+fn hand_off_rnr(ctx: &Ctx<'_>, qp: &Qp) {
+    if qp.rnr_waiter.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let posted = lock(&qp.recv).rq.available().map_or(true, |n| n > 0);
+    if posted {
+        // Read the RQ index before the waiter word, as the waiter writes them in reverse.
+        fence(Ordering::SeqCst);
+        let w = qp.rnr_waiter.swap(0, Ordering::SeqCst);
+        if let Some(e) = w.checked_sub(1).and_then(|i| ctx.engines.get(i)) {
+            if e.idx != ctx.me {
+                e.wake();
+            }
+        }
+    }
+}
+
+/// Before sleeping: whether a pass over the QP would do work, and whether it waits for a RECV
+/// at a QP another engine serves.
+pub(crate) fn has_work(qp: &Qp, me: usize) -> (bool, bool) {
+    if qp.destroyed.load(Ordering::Relaxed) {
+        return (false, false);
+    }
+    if qp.rnr_waiter.load(Ordering::Relaxed) != 0
+        && lock(&qp.recv).rq.available().is_ok_and(|n| n > 0)
+    {
+        return (true, false);
+    }
+    match qp.state() {
+        QpState::Error => {
+            let mut s = lock(&qp.send);
+            let sq = s.pending.is_some() || s.sq.available().is_ok_and(|n| n > 0);
+            drop(s);
+            (
+                sq || lock(&qp.recv).rq.available().is_ok_and(|n| n > 0),
+                false,
+            )
+        }
+        QpState::Rts => {
+            let mut s = lock(&qp.send);
+            if s.pending.is_none() {
+                return (s.sq.available().is_ok_and(|n| n > 0), false);
+            }
+            let Some(peer) = s.peer.as_ref().and_then(Weak::upgrade) else {
+                return (true, false);
+            };
+            drop(s);
+            if !matches!(peer.state(), QpState::Rtr | QpState::Rts) {
+                return (true, false);
+            }
+            let ready = lock(&peer.recv).rq.available().map_or(true, |n| n > 0);
+            (ready, !ready && peer.ch.engine.idx != me)
+        }
+        _ => (false, false),
+    }
+}
+
+fn run_sq(ctx: &Ctx<'_>, qp: &Arc<Qp>) -> bool {
+    let mut s = lock(&qp.send);
+    let mut did = false;
+    for _ in 0..BUDGET {
+        if qp.state() != QpState::Rts {
+            return true;
+        }
+        let wqe = match s.pending.take() {
+            Some(w) => w,
+            None => match s.sq.pop() {
+                Ok(None) => break,
+                Ok(Some(raw)) => match WqeRepr::from_bytes(&raw) {
+                    Ok(w) if w.opcode != WqeOpcode::Recv => w,
+                    _ => {
+                        s.sq.release();
+                        qp.ch.stats.op(0);
+                        qp.ch.stats.error();
+                        let c = cqe(qp, wr_id_of(&raw), CqeOpcode::Send, CqeStatus::BadWqe, 0);
+                        let kept = qp.send_cq.complete(&c, true);
+                        qp.fail((!kept).then_some(EventKind::QpFatal));
+                        return true;
+                    }
+                },
+                Err(e) => {
+                    tracing::debug!(qp = qp.num.0, "SQ index garbage: {e}");
+                    qp.fail(Some(EventKind::QpFatal));
+                    return true;
+                }
+            },
+        };
+        match execute(ctx, qp, &mut s, &wqe) {
+            Exec::Blocked => {
+                s.pending = Some(wqe);
+                break;
+            }
+            Exec::Done { status, len } => {
+                s.sq.release();
+                did = true;
+                let ok = status == CqeStatus::Success;
+                qp.ch.stats.op(if ok { len } else { 0 });
+                if !ok {
+                    qp.ch.stats.error();
+                }
+                if !ok || qp.sig_all || wqe.flags & flags::SIGNALED != 0 {
+                    let c = cqe(qp, wqe.wr_id, cqe_opcode(wqe.opcode), status, len);
+                    if !qp.send_cq.complete(&c, false) {
+                        qp.fail(Some(EventKind::QpFatal));
+                        return true;
+                    }
+                }
+                if !ok {
+                    qp.fail(None);
+                    return true;
+                }
+            }
+        }
+    }
+    did
+}
+
+/// Resolves the local SGEs of a WQE (`write`: the engine writes them).
+fn local_segs(ctx: &Ctx<'_>, qp: &Qp, data: &WqeData, write: bool) -> Result<SegList, CqeStatus> {
+    let mut out: SegList = [None, None];
+    if let WqeData::Sges { sges, len } = data {
+        for (o, sge) in out.iter_mut().zip(&sges[..usize::from(*len)]) {
+            *o = Some(ctx.keys.local(qp.ch.id, qp.pd, sge, write)?);
+        }
+    }
+    Ok(out)
+}
+
+fn source<'a>(data: &'a WqeData, segs: &'a SegList) -> Source<'a> {
+    match data {
+        WqeData::Inline { bytes, len } => Source::Inline(&bytes[..usize::from(*len)]),
+        WqeData::Sges { .. } => Source::Segs(segs),
+    }
+}
+
+fn execute(ctx: &Ctx<'_>, qp: &Qp, s: &mut SendSide, w: &WqeRepr) -> Exec {
+    let write_local = w.opcode == WqeOpcode::RdmaRead;
+    let segs = match local_segs(ctx, qp, &w.data, write_local) {
+        Ok(s) => s,
+        Err(st) => return done(st, 0),
+    };
+    let src = source(&w.data, &segs);
+    let len = src.len() as u64;
+    let Some(peer) = s.peer.as_ref().and_then(Weak::upgrade) else {
+        return done(CqeStatus::RetryExceeded, 0);
+    };
+    if peer.destroyed.load(Ordering::Relaxed)
+        || !matches!(peer.state(), QpState::Rtr | QpState::Rts)
+    {
+        return done(CqeStatus::RetryExceeded, 0);
+    }
+    let solicited = w.flags & flags::SOLICITED != 0;
+    match w.opcode {
+        WqeOpcode::Send => deliver(ctx, &peer, &src, None, solicited, None),
+        WqeOpcode::SendWithImm => deliver(ctx, &peer, &src, Some(w.imm_data), solicited, None),
+        WqeOpcode::RdmaWriteWithImm => deliver(
+            ctx,
+            &peer,
+            &src,
+            Some(w.imm_data),
+            solicited,
+            Some((w.remote_addr, w.rkey)),
+        ),
+        WqeOpcode::RdmaWrite => {
+            match ctx.keys.remote(
+                peer.ch.id,
+                peer.pd,
+                w.rkey,
+                w.remote_addr,
+                len,
+                access::REMOTE_WRITE,
+            ) {
+                Ok(dst) => {
+                    mr::scatter(&src, &[Some(dst), None]);
+                    done(CqeStatus::Success, len)
+                }
+                Err(st) => done(st, 0),
+            }
+        }
+        WqeOpcode::RdmaRead => {
+            match ctx.keys.remote(
+                peer.ch.id,
+                peer.pd,
+                w.rkey,
+                w.remote_addr,
+                len,
+                access::REMOTE_READ,
+            ) {
+                Ok(remote) => {
+                    mr::scatter(&Source::Segs(&[Some(remote), None]), &segs);
+                    done(CqeStatus::Success, len)
+                }
+                Err(st) => done(st, 0),
+            }
+        }
+        // Parsing refused RECV on the SQ.
+        WqeOpcode::Recv => done(CqeStatus::BadWqe, 0),
+    }
+}
+
+/// Delivers a SEND (or the immediate of an RDMA WRITE with immediate, `write` = target) to the
+/// peer's next RECV.
+fn deliver(
+    ctx: &Ctx<'_>,
+    peer: &Qp,
+    src: &Source<'_>,
+    imm: Option<u32>,
+    solicited: bool,
+    write: Option<(u64, u32)>,
+) -> Exec {
+    let len = src.len() as u64;
+    let mut r = lock(&peer.recv);
+    match r.rq.available() {
+        Err(e) => {
+            drop(r);
+            tracing::debug!(qp = peer.num.0, "RQ index garbage: {e}");
+            peer.fail(Some(EventKind::QpFatal));
+            return done(CqeStatus::RemoteOperationError, 0);
+        }
+        Ok(0) => {
+            peer.rnr_waiter.store(ctx.me + 1, Ordering::SeqCst);
+            return Exec::Blocked;
+        }
+        Ok(_) => {}
+    }
+    if let Some((addr, rkey)) = write {
+        match ctx
+            .keys
+            .remote(peer.ch.id, peer.pd, rkey, addr, len, access::REMOTE_WRITE)
+        {
+            Ok(dst) => mr::scatter(src, &[Some(dst), None]),
+            Err(st) => return done(st, 0),
+        }
+    }
+    let raw = match r.rq.pop() {
+        Ok(Some(raw)) => raw,
+        _ => return Exec::Blocked,
+    };
+    r.rq.release();
+    let recv = WqeRepr::from_bytes(&raw)
+        .ok()
+        .filter(|w| w.opcode == WqeOpcode::Recv);
+    let (resp, req) = match (&recv, write) {
+        (None, _) => (CqeStatus::BadWqe, CqeStatus::RemoteOperationError),
+        (Some(_), Some(_)) => (CqeStatus::Success, CqeStatus::Success),
+        (Some(rw), None) => match local_segs(ctx, peer, &rw.data, true) {
+            Err(st) => (st, CqeStatus::RemoteOperationError),
+            Ok(dst) => {
+                let cap: u64 = dst.iter().flatten().map(|s| s.len as u64).sum();
+                if cap < len {
+                    (CqeStatus::LocalLengthError, CqeStatus::RemoteInvalidRequest)
+                } else {
+                    mr::scatter(src, &dst);
+                    (CqeStatus::Success, CqeStatus::Success)
+                }
+            }
+        },
+    };
+    let ok = resp == CqeStatus::Success;
+    peer.ch.stats.op(if ok { len } else { 0 });
+    if !ok {
+        peer.ch.stats.error();
+    }
+    let mut c = cqe(
+        peer,
+        wr_id_of(&raw),
+        if write.is_some() {
+            CqeOpcode::RecvRdmaWithImm
+        } else {
+            CqeOpcode::Recv
+        },
+        resp,
+        len,
+    );
+    if ok {
+        if let Some(imm) = imm {
+            c.imm_data = imm;
+            c.flags |= cqe_flags::WITH_IMM;
+        }
+        if solicited {
+            c.flags |= cqe_flags::SOLICITED;
+        }
+    }
+    let kept = peer.recv_cq.complete(&c, solicited);
+    drop(r);
+    if !kept {
+        peer.fail(Some(EventKind::QpFatal));
+    } else if !ok {
+        peer.fail(None);
+    }
+    done(req, len)
+}
+
+/// Completes every outstanding WQE of an Error QP with `WrFlushError`; `true` if any.
+fn flush(qp: &Qp) -> bool {
+    let mut did = false;
+    {
+        let mut s = lock(&qp.send);
+        if let Some(w) = s.pending.take() {
+            let c = cqe(
+                qp,
+                w.wr_id,
+                cqe_opcode(w.opcode),
+                CqeStatus::WrFlushError,
+                0,
+            );
+            qp.send_cq.complete(&c, false);
+            did = true;
+        }
+        for _ in 0..FLUSH_BUDGET {
+            let Ok(Some(raw)) = s.sq.pop() else { break };
+            let op = WqeRepr::from_bytes(&raw).map_or(CqeOpcode::Send, |w| cqe_opcode(w.opcode));
+            let c = cqe(qp, wr_id_of(&raw), op, CqeStatus::WrFlushError, 0);
+            qp.send_cq.complete(&c, false);
+            did = true;
+        }
+        if did {
+            s.sq.release();
+        }
+    }
+    let mut r = lock(&qp.recv);
+    let mut rdid = false;
+    for _ in 0..FLUSH_BUDGET {
+        let Ok(Some(raw)) = r.rq.pop() else { break };
+        let c = cqe(
+            qp,
+            wr_id_of(&raw),
+            CqeOpcode::Recv,
+            CqeStatus::WrFlushError,
+            0,
+        );
+        qp.recv_cq.complete(&c, false);
+        rdid = true;
+    }
+    if rdid {
+        r.rq.release();
+    }
+    did || rdid
+}

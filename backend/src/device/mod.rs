@@ -64,9 +64,11 @@
 mod engine;
 mod exec;
 mod mr;
+mod objects;
 pub mod platform;
 mod soft;
 mod stats;
+pub mod testkit;
 
 #[cfg(test)]
 mod tests;
@@ -80,7 +82,7 @@ use shared_ring::abi::event::EventRepr;
 use shared_ring::SharedRegion;
 
 pub use shared_ring::abi::control::{access, DeviceAttrs};
-pub use soft::SoftDevice;
+pub use soft::{default_attrs, EngineDiag, SoftDevice};
 pub use xen_platform::DomId;
 
 /// A channel of this device (one guest process).

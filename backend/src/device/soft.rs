@@ -1,89 +1,766 @@
 //! The software device: control path and resource tables.
+//!
+//! One table lock serialises the control path (it is not on the data path); the engine works on
+//! `Arc`s of the objects and the key table, so a destroy only has to unlink an object and tell
+//! the engine, and memory stays mapped until the last in-flight use is over.
 
-use shared_ring::abi::control::QpState;
-use shared_ring::abi::cqe::CqeRepr;
-use shared_ring::abi::event::EventRepr;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 
+use shared_ring::abi::control::{access, QpState};
+use shared_ring::abi::cqe::{CqeRepr, CQE_LEN};
+use shared_ring::abi::event::{EventKind, EventRepr};
+use shared_ring::abi::wqe::{MAX_INLINE, MAX_SGE, WQE_LEN};
+use shared_ring::cq::{CqPoller, CqWriter};
+use shared_ring::doorbell::DoorbellPage;
+use shared_ring::event_ring::{self, EVENT_RING_LEN};
+use shared_ring::{SharedRegion, WqConsumer, PAGE_SIZE, PROTOCOL_VERSION};
+
+use super::engine::{self, EngineShared};
+use super::mr::{KeyTable, Mr, NewMr};
+use super::objects::{lock, Channel, Cq, CqState, Qp};
+use super::stats::{ChanStats, Counters, Held};
 use super::*;
 
-/// The software RDMA device (stub while the engine is being written).
+/// Largest queue the device accepts (log2).
+const MAX_LOG2: u8 = 16;
+
+/// The software RDMA device: engine threads plus the tables of the control path.
 pub struct SoftDevice {
-    _config: EngineConfig,
+    inner: Arc<Inner>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+struct Inner {
+    attrs: DeviceAttrs,
+    tables: Mutex<Tables>,
+    keys: Arc<KeyTable>,
+    engines: Arc<[Arc<EngineShared>]>,
+}
+
+#[derive(Default)]
+struct Tables {
+    next_id: u32,
+    channels: HashMap<ChannelId, ChanEntry>,
+    qps: HashMap<QpNum, Arc<Qp>>,
+    domains: HashMap<DomId, Arc<Counters>>,
+    mr_count: usize,
+    cq_count: usize,
+    pd_count: usize,
+}
+
+impl Tables {
+    fn id(&mut self) -> u32 {
+        self.next_id = self.next_id.wrapping_add(1).max(1);
+        self.next_id
+    }
+}
+
+struct ChanEntry {
+    ch: Arc<Channel>,
+    pds: HashMap<PdId, u32>,
+    mrs: HashMap<MrHandle, Arc<Mr>>,
+    cqs: HashMap<CqId, (Arc<Cq>, u32)>,
+    qps: HashMap<QpNum, (u32, u32)>,
+    slots: HashSet<u32>,
+}
+
+/// What an engine of a channel is doing (tests and diagnostics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineDiag {
+    /// The engine is blocked (or about to block) waiting for a kick.
+    pub asleep: bool,
+    /// Times it has blocked so far.
+    pub sleeps: u64,
+}
+
+/// Default limits of the software device.
+pub fn default_attrs() -> DeviceAttrs {
+    DeviceAttrs {
+        max_qp: 1 << 16,
+        max_cq: 1 << 16,
+        max_mr: 1 << 20,
+        max_pd: 1 << 16,
+        max_qp_wr: 1 << 15,
+        max_cqe: 1 << 16,
+        max_sge: MAX_SGE as u32,
+        max_inline: MAX_INLINE as u32,
+        max_mr_pages: 1 << 20,
+    }
+}
+
+fn inval(s: impl Into<String>) -> DeviceError {
+    DeviceError::InvalidArgument(s.into())
+}
+
+fn bad(what: &'static str, id: u32) -> DeviceError {
+    DeviceError::BadHandle { what, id }
 }
 
 impl SoftDevice {
-    /// Starts the engine threads.
+    /// Starts the engine threads with the default limits.
     pub fn new(config: EngineConfig) -> std::io::Result<Self> {
-        Ok(Self { _config: config })
+        Self::with_attrs(config, default_attrs())
+    }
+
+    /// Starts the engine threads with the given limits (`max_sge`, `max_inline` are capped at
+    /// what the WQE format carries).
+    pub fn with_attrs(config: EngineConfig, mut attrs: DeviceAttrs) -> std::io::Result<Self> {
+        attrs.max_sge = attrs.max_sge.min(MAX_SGE as u32);
+        attrs.max_inline = attrs.max_inline.min(MAX_INLINE as u32);
+        attrs.max_qp_wr = attrs.max_qp_wr.min(1 << MAX_LOG2);
+        attrs.max_cqe = attrs.max_cqe.min(1 << MAX_LOG2);
+        let n = config.threads.max(1);
+        let prepared = (0..n)
+            .map(engine::prepare)
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let engines: Arc<[Arc<EngineShared>]> = prepared.iter().map(|p| p.shared.clone()).collect();
+        let keys = Arc::new(KeyTable::default());
+        let mut threads = Vec::with_capacity(n);
+        for p in prepared {
+            match engine::spawn(p, config.spin, keys.clone(), engines.clone()) {
+                Ok(t) => threads.push(t),
+                Err(e) => {
+                    for e in engines.iter() {
+                        e.stop();
+                    }
+                    for t in threads {
+                        let _ = t.join();
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                attrs,
+                tables: Mutex::new(Tables::default()),
+                keys,
+                engines,
+            }),
+            threads,
+        })
+    }
+
+    /// What the engine serving `ch` is doing.
+    pub fn engine_diag(&self, ch: ChannelId) -> Option<EngineDiag> {
+        let t = self.tables();
+        let e = &t.channels.get(&ch)?.ch.engine;
+        Some(EngineDiag {
+            asleep: e.asleep.load(Ordering::SeqCst),
+            sleeps: e.sleeps.load(Ordering::Relaxed),
+        })
+    }
+
+    fn tables(&self) -> MutexGuard<'_, Tables> {
+        lock(&self.inner.tables)
     }
 }
 
-const STUB: DeviceError = DeviceError::NotSupported("software device not written yet");
+impl Drop for SoftDevice {
+    fn drop(&mut self) {
+        for e in self.inner.engines.iter() {
+            e.stop();
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn entry(t: &mut Tables, ch: ChannelId) -> DeviceResult<&mut ChanEntry> {
+    t.channels.get_mut(&ch).ok_or(bad("channel", ch.0))
+}
+
+/// Takes a doorbell slot for a queue: in range, free; its index words are reset.
+fn take_slot(e: &mut ChanEntry, slot: u32) -> DeviceResult<()> {
+    if slot >= e.ch.queue_db.slots() {
+        return Err(inval(format!(
+            "doorbell slot {slot} does not exist (the page has {})",
+            e.ch.queue_db.slots()
+        )));
+    }
+    if e.slots.contains(&slot) {
+        return Err(DeviceError::Busy("doorbell slot"));
+    }
+    let q =
+        e.ch.queue_db
+            .queue(slot)
+            .map_err(|e| inval(e.to_string()))?;
+    q.prod.store(0, Ordering::Relaxed);
+    q.cons.store(0, Ordering::Release);
+    e.slots.insert(slot);
+    Ok(())
+}
+
+fn check_log2(what: &str, log2: u8, max: u32) -> DeviceResult<usize> {
+    if log2 == 0 || log2 > MAX_LOG2 || (1u32 << log2) > max {
+        return Err(inval(format!(
+            "{what} of 2^{log2} entries is out of range (max {max})"
+        )));
+    }
+    Ok(1usize << log2)
+}
+
+fn queue(
+    region: &SharedRegion,
+    db: &DoorbellPage,
+    slot: u32,
+    n: usize,
+) -> DeviceResult<WqConsumer> {
+    if region.len() < n * WQE_LEN {
+        return Err(inval(format!(
+            "queue of {n} WQEs needs {} bytes, the region has {}",
+            n * WQE_LEN,
+            region.len()
+        )));
+    }
+    let slots = region.slots(0, n).map_err(|e| inval(e.to_string()))?;
+    let q = db.queue(slot).map_err(|e| inval(e.to_string()))?;
+    Ok(WqConsumer::new(slots, q.prod, q.cons, 0))
+}
+
+impl Inner {
+    /// Unlinks a QP; its peer goes to Error with `QpDisconnected`.
+    fn destroy_qp_locked(&self, t: &mut Tables, ch: ChannelId, num: QpNum) {
+        let Some(qp) = t.qps.remove(&num) else { return };
+        if let Some(e) = t.channels.get_mut(&ch) {
+            if let Some((sq, rq)) = e.qps.remove(&num) {
+                e.slots.remove(&sq);
+                e.slots.remove(&rq);
+            }
+            if let Some(n) = e.pds.get_mut(&qp.pd) {
+                *n = n.saturating_sub(1);
+            }
+        }
+        qp.destroyed.store(true, Ordering::SeqCst);
+        qp.fail(None);
+        let peer = lock(&qp.send).peer.take().and_then(|w| w.upgrade());
+        if let Some(peer) = peer {
+            if peer.num != num {
+                peer.fail(Some(EventKind::QpDisconnected));
+            }
+        }
+        qp.send_cq.users.fetch_sub(1, Ordering::SeqCst);
+        qp.recv_cq.users.fetch_sub(1, Ordering::SeqCst);
+        lock(&qp.ch.qps).retain(|q| q.num != num);
+        qp.ch.stats.release(Held::Qp);
+        qp.ch.engine.changed();
+    }
+}
 
 impl Device for SoftDevice {
     fn attrs(&self) -> DeviceAttrs {
-        DeviceAttrs::default()
+        self.inner.attrs
     }
-    fn open_channel(&self, _setup: ChannelSetup) -> DeviceResult<ChannelId> {
-        Err(STUB)
+
+    fn open_channel(&self, setup: ChannelSetup) -> DeviceResult<ChannelId> {
+        if setup.event_ring.len() < EVENT_RING_LEN {
+            return Err(inval(format!(
+                "event ring of {} bytes, need {EVENT_RING_LEN}",
+                setup.event_ring.len()
+            )));
+        }
+        if shared_ring::doorbell::slots_in(setup.doorbell.len()) == 0 {
+            return Err(inval("doorbell page has no slots"));
+        }
+        let guest_db = DoorbellPage::init(setup.doorbell.clone(), PROTOCOL_VERSION)
+            .map_err(|e| inval(e.to_string()))?;
+        setup
+            .event_ring
+            .zero(0, EVENT_RING_LEN)
+            .map_err(|e| inval(e.to_string()))?;
+        let events = event_ring::producer(&setup.event_ring).map_err(|e| inval(e.to_string()))?;
+        let queue_db = match setup.mode {
+            ChannelMode::Bypass => guest_db.clone(),
+            ChannelMode::Mediated => {
+                let private = SharedRegion::alloc(setup.doorbell.len().max(PAGE_SIZE))
+                    .map_err(|_| DeviceError::NoResources("memory"))?;
+                DoorbellPage::init(private, PROTOCOL_VERSION).map_err(|e| inval(e.to_string()))?
+            }
+        };
+        let sleep = guest_db.engine_sleep().map_err(|e| inval(e.to_string()))?;
+        let mut t = self.tables();
+        let id = ChannelId(t.id());
+        let dom = t.domains.entry(setup.domid).or_default().clone();
+        let stats = ChanStats {
+            ch: Arc::new(Counters::default()),
+            dom,
+        };
+        stats.acquire(Held::Channel);
+        let engine = self.inner.engines[id.0 as usize % self.inner.engines.len()].clone();
+        let ch = Arc::new(Channel::new(
+            id,
+            setup.domid,
+            setup.mode,
+            queue_db,
+            sleep,
+            events,
+            setup.notifier,
+            stats,
+            engine.clone(),
+        ));
+        t.channels.insert(
+            id,
+            ChanEntry {
+                ch: ch.clone(),
+                pds: HashMap::new(),
+                mrs: HashMap::new(),
+                cqs: HashMap::new(),
+                qps: HashMap::new(),
+                slots: HashSet::new(),
+            },
+        );
+        drop(t);
+        lock(&engine.channels).push(ch);
+        engine.changed();
+        tracing::debug!(ch = id.0, domid = %setup.domid, mode = ?setup.mode, "channel opened");
+        Ok(id)
     }
-    fn close_channel(&self, _ch: ChannelId) {}
-    fn kick(&self, _ch: ChannelId) {}
-    fn post_event(&self, _ch: ChannelId, _event: EventRepr) -> DeviceResult<()> {
-        Err(STUB)
+
+    fn close_channel(&self, ch: ChannelId) {
+        let mut t = self.tables();
+        let Some(e) = t.channels.get(&ch) else { return };
+        let c = e.ch.clone();
+        c.closed.store(true, Ordering::SeqCst);
+        let qps: Vec<QpNum> = e.qps.keys().copied().collect();
+        for q in qps {
+            self.inner.destroy_qp_locked(&mut t, ch, q);
+        }
+        let Some(e) = t.channels.remove(&ch) else {
+            return;
+        };
+        for mr in e.mrs.values() {
+            self.inner.keys.remove(mr.lkey);
+            c.stats.release(Held::Mr(mr.len));
+        }
+        t.mr_count -= e.mrs.len();
+        for _ in e.cqs.values() {
+            c.stats.release(Held::Cq);
+        }
+        t.cq_count -= e.cqs.len();
+        for _ in e.pds.keys() {
+            c.stats.release(Held::Pd);
+        }
+        t.pd_count -= e.pds.len();
+        c.stats.release(Held::Channel);
+        drop(t);
+        lock(&c.qps).clear();
+        lock(&c.engine.channels).retain(|x| x.id != ch);
+        c.engine.changed();
+        tracing::debug!(ch = ch.0, "channel closed");
     }
-    fn alloc_pd(&self, _ch: ChannelId) -> DeviceResult<PdId> {
-        Err(STUB)
+
+    fn kick(&self, ch: ChannelId) {
+        let t = self.tables();
+        if let Some(e) = t.channels.get(&ch) {
+            e.ch.engine.wake();
+        }
     }
-    fn dealloc_pd(&self, _ch: ChannelId, _pd: PdId) -> DeviceResult<()> {
-        Err(STUB)
+
+    fn post_event(&self, ch: ChannelId, event: EventRepr) -> DeviceResult<()> {
+        let c = entry(&mut self.tables(), ch)?.ch.clone();
+        c.post(&event);
+        Ok(())
     }
-    fn reg_mr(&self, _ch: ChannelId, _setup: MrSetup) -> DeviceResult<MrKeys> {
-        Err(STUB)
+
+    fn alloc_pd(&self, ch: ChannelId) -> DeviceResult<PdId> {
+        let mut t = self.tables();
+        if t.pd_count >= self.inner.attrs.max_pd as usize {
+            return Err(DeviceError::NoResources("protection domains"));
+        }
+        let id = PdId(t.id());
+        let e = entry(&mut t, ch)?;
+        e.pds.insert(id, 0);
+        e.ch.stats.acquire(Held::Pd);
+        t.pd_count += 1;
+        Ok(id)
     }
-    fn dereg_mr(&self, _ch: ChannelId, _mr: MrHandle) -> DeviceResult<()> {
-        Err(STUB)
+
+    fn dealloc_pd(&self, ch: ChannelId, pd: PdId) -> DeviceResult<()> {
+        let mut t = self.tables();
+        let e = entry(&mut t, ch)?;
+        match e.pds.get(&pd) {
+            None => return Err(bad("PD", pd.0)),
+            Some(&n) if n > 0 => return Err(DeviceError::Busy("protection domain")),
+            Some(_) => {}
+        }
+        e.pds.remove(&pd);
+        e.ch.stats.release(Held::Pd);
+        t.pd_count -= 1;
+        Ok(())
     }
-    fn create_cq(&self, _ch: ChannelId, _setup: CqSetup) -> DeviceResult<CqId> {
-        Err(STUB)
+
+    fn reg_mr(&self, ch: ChannelId, s: MrSetup) -> DeviceResult<MrKeys> {
+        let max_mr = self.inner.attrs.max_mr as usize;
+        let max_bytes = u64::from(self.inner.attrs.max_mr_pages) * PAGE_SIZE as u64;
+        let mut t = self.tables();
+        if t.mr_count >= max_mr {
+            return Err(DeviceError::NoResources("memory regions"));
+        }
+        let handle = MrHandle(t.id());
+        let e = entry(&mut t, ch)?;
+        if !e.pds.contains_key(&s.pd) {
+            return Err(bad("PD", s.pd.0));
+        }
+        if s.access & !access::ALL != 0 {
+            return Err(inval(format!("unknown access bits {:#x}", s.access)));
+        }
+        if s.access & (access::LOCAL_WRITE | access::REMOTE_WRITE) != 0 && !s.writable {
+            return Err(inval("write access to pages mapped read-only"));
+        }
+        let base = s.first_page_offset as usize;
+        if base >= PAGE_SIZE
+            || s.length > max_bytes
+            || (base as u64).saturating_add(s.length) > s.pages.len() as u64
+            || s.iova.checked_add(s.length).is_none()
+        {
+            return Err(inval(format!(
+                "region of {} bytes at offset {base} does not fit {} mapped bytes",
+                s.length,
+                s.pages.len()
+            )));
+        }
+        let mr = self
+            .inner
+            .keys
+            .insert(
+                NewMr {
+                    ch,
+                    pd: s.pd,
+                    pages: s.pages,
+                    base,
+                    len: s.length,
+                    iova: s.iova,
+                    access: s.access,
+                },
+                max_mr,
+            )
+            .ok_or(DeviceError::NoResources("memory keys"))?;
+        let keys = MrKeys {
+            handle,
+            lkey: mr.lkey,
+            rkey: mr.rkey,
+        };
+        *e.pds.entry(s.pd).or_default() += 1;
+        e.mrs.insert(handle, mr);
+        e.ch.stats.acquire(Held::Mr(s.length));
+        t.mr_count += 1;
+        Ok(keys)
     }
-    fn destroy_cq(&self, _ch: ChannelId, _cq: CqId) -> DeviceResult<()> {
-        Err(STUB)
+
+    fn dereg_mr(&self, ch: ChannelId, mr: MrHandle) -> DeviceResult<()> {
+        let mut t = self.tables();
+        let e = entry(&mut t, ch)?;
+        let m = e.mrs.remove(&mr).ok_or(bad("MR", mr.0))?;
+        self.inner.keys.remove(m.lkey);
+        if let Some(n) = e.pds.get_mut(&m.pd) {
+            *n = n.saturating_sub(1);
+        }
+        e.ch.stats.release(Held::Mr(m.len));
+        t.mr_count -= 1;
+        Ok(())
     }
-    fn create_qp(&self, _ch: ChannelId, _setup: QpSetup) -> DeviceResult<QpNum> {
-        Err(STUB)
+
+    fn create_cq(&self, ch: ChannelId, s: CqSetup) -> DeviceResult<CqId> {
+        let n = check_log2("CQ", s.cqe_log2, self.inner.attrs.max_cqe)?;
+        let mut t = self.tables();
+        if t.cq_count >= self.inner.attrs.max_cq as usize {
+            return Err(DeviceError::NoResources("completion queues"));
+        }
+        let id = CqId(t.id());
+        let e = entry(&mut t, ch)?;
+        if s.ring.len() < n * CQE_LEN {
+            return Err(inval(format!(
+                "CQ of {n} CQEs needs {} bytes, the ring has {}",
+                n * CQE_LEN,
+                s.ring.len()
+            )));
+        }
+        take_slot(e, s.doorbell_slot)?;
+        let build = || -> Result<_, shared_ring::doorbell::DoorbellError> {
+            s.ring.zero(0, n * CQE_LEN)?;
+            let slots = s.ring.slots(0, n)?;
+            let db = e.ch.queue_db.cq(s.doorbell_slot)?;
+            let poller = (e.ch.mode == ChannelMode::Mediated)
+                .then(|| Mutex::new(CqPoller::new(slots.clone(), db.clone())));
+            Ok((CqWriter::new(slots, db), poller))
+        };
+        let (writer, poller) = match build() {
+            Ok(x) => x,
+            Err(err) => {
+                e.slots.remove(&s.doorbell_slot);
+                return Err(inval(err.to_string()));
+            }
+        };
+        let cq = Arc::new(Cq {
+            id,
+            ch: e.ch.clone(),
+            state: Mutex::new(CqState {
+                writer,
+                broken: false,
+            }),
+            poller,
+            users: Default::default(),
+        });
+        e.cqs.insert(id, (cq, s.doorbell_slot));
+        e.ch.stats.acquire(Held::Cq);
+        t.cq_count += 1;
+        Ok(id)
     }
-    fn modify_qp(&self, _ch: ChannelId, _qp: QpNum, _state: QpState) -> DeviceResult<()> {
-        Err(STUB)
+
+    fn destroy_cq(&self, ch: ChannelId, cq: CqId) -> DeviceResult<()> {
+        let mut t = self.tables();
+        let e = entry(&mut t, ch)?;
+        let (c, _) = e.cqs.get(&cq).ok_or(bad("CQ", cq.0))?;
+        if c.users.load(Ordering::SeqCst) > 0 {
+            return Err(DeviceError::Busy("completion queue"));
+        }
+        if let Some((_, slot)) = e.cqs.remove(&cq) {
+            e.slots.remove(&slot);
+        }
+        e.ch.stats.release(Held::Cq);
+        t.cq_count -= 1;
+        Ok(())
     }
-    fn qp_state(&self, _ch: ChannelId, _qp: QpNum) -> DeviceResult<QpState> {
-        Err(STUB)
+
+    fn create_qp(&self, ch: ChannelId, s: QpSetup) -> DeviceResult<QpNum> {
+        let attrs = self.inner.attrs;
+        let sq_n = check_log2("SQ", s.sq_log2, attrs.max_qp_wr)?;
+        let rq_n = check_log2("RQ", s.rq_log2, attrs.max_qp_wr)?;
+        if s.sq_slot == s.rq_slot {
+            return Err(inval("SQ and RQ need different doorbell slots"));
+        }
+        let mut t = self.tables();
+        if t.qps.len() >= attrs.max_qp as usize {
+            return Err(DeviceError::NoResources("queue pairs"));
+        }
+        let num = QpNum(t.id());
+        let e = entry(&mut t, ch)?;
+        if !e.pds.contains_key(&s.pd) {
+            return Err(bad("PD", s.pd.0));
+        }
+        let send_cq = e
+            .cqs
+            .get(&s.send_cq)
+            .ok_or(bad("CQ", s.send_cq.0))?
+            .0
+            .clone();
+        let recv_cq = e
+            .cqs
+            .get(&s.recv_cq)
+            .ok_or(bad("CQ", s.recv_cq.0))?
+            .0
+            .clone();
+        take_slot(e, s.sq_slot)?;
+        if let Err(err) = take_slot(e, s.rq_slot) {
+            e.slots.remove(&s.sq_slot);
+            return Err(err);
+        }
+        let db = &e.ch.queue_db;
+        let queues = queue(&s.sq, db, s.sq_slot, sq_n)
+            .and_then(|sq| Ok((sq, queue(&s.rq, db, s.rq_slot, rq_n)?)));
+        let (sq, rq) = match queues {
+            Ok(q) => q,
+            Err(err) => {
+                e.slots.remove(&s.sq_slot);
+                e.slots.remove(&s.rq_slot);
+                return Err(err);
+            }
+        };
+        let qp = Arc::new(Qp::new(
+            num,
+            e.ch.clone(),
+            s.pd,
+            send_cq.clone(),
+            recv_cq.clone(),
+            s.sq_sig_all,
+            sq,
+            rq,
+        ));
+        send_cq.users.fetch_add(1, Ordering::SeqCst);
+        recv_cq.users.fetch_add(1, Ordering::SeqCst);
+        *e.pds.entry(s.pd).or_default() += 1;
+        e.qps.insert(num, (s.sq_slot, s.rq_slot));
+        e.ch.stats.acquire(Held::Qp);
+        let c = e.ch.clone();
+        t.qps.insert(num, qp.clone());
+        drop(t);
+        lock(&c.qps).push(qp);
+        c.engine.changed();
+        Ok(num)
     }
-    fn destroy_qp(&self, _ch: ChannelId, _qp: QpNum) -> DeviceResult<()> {
-        Err(STUB)
+
+    fn modify_qp(&self, ch: ChannelId, qp: QpNum, state: QpState) -> DeviceResult<()> {
+        let mut t = self.tables();
+        let e = entry(&mut t, ch)?;
+        if !e.qps.contains_key(&qp) {
+            return Err(bad("QP", qp.0));
+        }
+        let q = t.qps.get(&qp).ok_or(bad("QP", qp.0))?.clone();
+        let cur = q.state();
+        match state {
+            QpState::Error => {
+                q.fail(None);
+                Ok(())
+            }
+            QpState::Sqd | QpState::Sqe => Err(DeviceError::NotSupported("SQD/SQE states")),
+            _ if cur == state => Ok(()),
+            _ if cur == QpState::Error => {
+                Err(DeviceError::NotSupported("leaving Error (destroy the QP)"))
+            }
+            QpState::Rts => Err(inval("a QP reaches RTS by connect_qp")),
+            _ if cur == QpState::Rts => Err(DeviceError::NotSupported("leaving RTS")),
+            _ => {
+                if lock(&q.send).peer_num.is_some() {
+                    return Err(DeviceError::NotSupported("changing state while connecting"));
+                }
+                q.set_state(state);
+                Ok(())
+            }
+        }
     }
-    fn connect_qp(&self, _ch: ChannelId, _qp: QpNum, _remote: QpNum) -> DeviceResult<()> {
-        Err(STUB)
+
+    fn qp_state(&self, ch: ChannelId, qp: QpNum) -> DeviceResult<QpState> {
+        let mut t = self.tables();
+        if !entry(&mut t, ch)?.qps.contains_key(&qp) {
+            return Err(bad("QP", qp.0));
+        }
+        Ok(t.qps.get(&qp).ok_or(bad("QP", qp.0))?.state())
     }
-    fn arm_cq(&self, _ch: ChannelId, _cq: CqId, _solicited_only: bool) -> DeviceResult<()> {
-        Err(STUB)
+
+    fn destroy_qp(&self, ch: ChannelId, qp: QpNum) -> DeviceResult<()> {
+        let mut t = self.tables();
+        if !entry(&mut t, ch)?.qps.contains_key(&qp) {
+            return Err(bad("QP", qp.0));
+        }
+        self.inner.destroy_qp_locked(&mut t, ch, qp);
+        Ok(())
     }
+
+    fn connect_qp(&self, ch: ChannelId, qp: QpNum, remote: QpNum) -> DeviceResult<()> {
+        let mut t = self.tables();
+        if !entry(&mut t, ch)?.qps.contains_key(&qp) {
+            return Err(bad("QP", qp.0));
+        }
+        let q = t.qps.get(&qp).ok_or(bad("QP", qp.0))?.clone();
+        let r = t
+            .qps
+            .get(&remote)
+            .cloned()
+            .ok_or(DeviceError::ConnectionRefused(qp.0, "no such remote QP"))?;
+        if !matches!(q.state(), QpState::Reset | QpState::Init | QpState::Rtr) {
+            return Err(DeviceError::ConnectionRefused(qp.0, "QP is not in Init"));
+        }
+        let mut s = lock(&q.send);
+        if s.peer_num.is_some() {
+            return Err(DeviceError::ConnectionRefused(
+                qp.0,
+                "QP is already connected",
+            ));
+        }
+        s.peer_num = Some(remote);
+        s.peer = Some(Arc::downgrade(&r));
+        q.set_state(QpState::Rtr);
+        let established = if qp == remote {
+            true
+        } else {
+            let rs = lock(&r.send);
+            rs.peer_num == Some(qp) && r.state() == QpState::Rtr
+        };
+        drop(s);
+        drop(t);
+        if established {
+            for (a, b) in [(&q, &r), (&r, &q)] {
+                a.set_state(QpState::Rts);
+                a.ch.event(EventKind::QpEstablished, a.num.0, u64::from(b.num.0));
+                a.ch.engine.wake();
+                if qp == remote {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn arm_cq(&self, ch: ChannelId, cq: CqId, solicited_only: bool) -> DeviceResult<()> {
+        let mut t = self.tables();
+        let e = entry(&mut t, ch)?;
+        let (c, _) = e.cqs.get(&cq).ok_or(bad("CQ", cq.0))?;
+        let Some(p) = &c.poller else {
+            return Err(DeviceError::NotMediated);
+        };
+        let waiting = lock(p).arm(solicited_only);
+        let c = c.clone();
+        drop(t);
+        if waiting {
+            c.ch.notify();
+        }
+        Ok(())
+    }
+
     fn post_mediated(
         &self,
-        _ch: ChannelId,
-        _qp: QpNum,
-        _which: WorkQueue,
-        _prod: u32,
+        ch: ChannelId,
+        qp: QpNum,
+        which: WorkQueue,
+        prod: u32,
     ) -> DeviceResult<()> {
-        Err(STUB)
+        let mut t = self.tables();
+        let e = entry(&mut t, ch)?;
+        if e.ch.mode != ChannelMode::Mediated {
+            return Err(DeviceError::NotMediated);
+        }
+        let &(sq, rq) = e.qps.get(&qp).ok_or(bad("QP", qp.0))?;
+        let slot = match which {
+            WorkQueue::Sq => sq,
+            WorkQueue::Rq => rq,
+        };
+        let db =
+            e.ch.queue_db
+                .queue(slot)
+                .map_err(|e| inval(e.to_string()))?;
+        db.prod.store(prod, Ordering::Release);
+        let q = t.qps.get(&qp).cloned();
+        drop(t);
+        if let Some(q) = q {
+            q.ch.engine.wake();
+            if which == WorkQueue::Rq {
+                let peer = lock(&q.send).peer.as_ref().and_then(|w| w.upgrade());
+                if let Some(p) = peer {
+                    p.ch.engine.wake();
+                }
+            }
+        }
+        Ok(())
     }
-    fn poll_cq_mediated(&self, _ch: ChannelId, _cq: CqId) -> DeviceResult<Option<CqeRepr>> {
-        Err(STUB)
+
+    fn poll_cq_mediated(&self, ch: ChannelId, cq: CqId) -> DeviceResult<Option<CqeRepr>> {
+        let mut t = self.tables();
+        let e = entry(&mut t, ch)?;
+        if e.ch.mode != ChannelMode::Mediated {
+            return Err(DeviceError::NotMediated);
+        }
+        let c = e.cqs.get(&cq).ok_or(bad("CQ", cq.0))?.0.clone();
+        drop(t);
+        Ok(c.poll_raw().and_then(|b| CqeRepr::from_bytes(&b).ok()))
     }
-    fn stats(&self, _ch: ChannelId) -> DeviceStats {
-        DeviceStats::default()
+
+    fn stats(&self, ch: ChannelId) -> DeviceStats {
+        self.tables()
+            .channels
+            .get(&ch)
+            .map(|e| e.ch.stats.ch.snapshot())
+            .unwrap_or_default()
     }
-    fn domain_stats(&self, _domid: DomId) -> DeviceStats {
-        DeviceStats::default()
+
+    fn domain_stats(&self, domid: DomId) -> DeviceStats {
+        self.tables()
+            .domains
+            .get(&domid)
+            .map(|c| c.snapshot())
+            .unwrap_or_default()
     }
 }

@@ -1,0 +1,266 @@
+//! The device's objects as the engine sees them: channels, CQs and QPs, with the locks that
+//! guard their shared-memory endpoints.
+//!
+//! Lock order (deadlock freedom): the control path's table lock, then QP send sides (several
+//! only under the table lock), then QP receive sides, then CQs, then a channel's event ring.
+//! The engine holds at most one send side (its own QP's) and one receive side (its peer's).
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use shared_ring::abi::control::QpState;
+use shared_ring::abi::cqe::{CqeRepr, CqeStatus, CQE_LEN};
+use shared_ring::abi::event::{EventKind, EventRepr, EVENT_LEN};
+use shared_ring::abi::wqe::WqeRepr;
+use shared_ring::cq::{CqPoller, CqWriter};
+use shared_ring::doorbell::{DoorbellPage, EngineSleep};
+use shared_ring::queue::Producer;
+use shared_ring::WqConsumer;
+
+use super::engine::EngineShared;
+use super::stats::ChanStats;
+use super::{ChannelId, ChannelMode, CqId, DomId, Notifier, PdId, QpNum};
+
+/// Locks a mutex, recovering from poisoning: the protected state is plain data that stays
+/// consistent between statements, and a panic elsewhere must not stop the device.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A channel as the engine sees it.
+pub(crate) struct Channel {
+    pub(crate) id: ChannelId,
+    pub(crate) domid: DomId,
+    pub(crate) mode: ChannelMode,
+    /// The doorbell page whose indexes the engine follows: the guest's in bypass mode, a private
+    /// one in mediated mode.
+    pub(crate) queue_db: DoorbellPage,
+    /// The engine's sleep word in the guest's doorbell page (only the owning engine uses it).
+    pub(crate) sleep: Mutex<EngineSleep>,
+    events: Mutex<Producer<EVENT_LEN>>,
+    notifier: Arc<dyn Notifier>,
+    pub(crate) stats: ChanStats,
+    pub(crate) engine: Arc<EngineShared>,
+    /// QPs the engine serves (snapshot taken when `engine.generation` changes).
+    pub(crate) qps: Mutex<Vec<Arc<Qp>>>,
+    pub(crate) closed: AtomicBool,
+}
+
+impl Channel {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        id: ChannelId,
+        domid: DomId,
+        mode: ChannelMode,
+        queue_db: DoorbellPage,
+        sleep: EngineSleep,
+        events: Producer<EVENT_LEN>,
+        notifier: Arc<dyn Notifier>,
+        stats: ChanStats,
+        engine: Arc<EngineShared>,
+    ) -> Self {
+        Self {
+            id,
+            domid,
+            mode,
+            queue_db,
+            sleep: Mutex::new(sleep),
+            events: Mutex::new(events),
+            notifier,
+            stats,
+            engine,
+            qps: Mutex::new(Vec::new()),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn notify(&self) {
+        if self.closed.load(Ordering::Relaxed) {
+            return;
+        }
+        self.stats.notification();
+        self.notifier.notify();
+    }
+
+    /// Writes an async event and notifies; a full (or garbled) ring drops it.
+    pub(crate) fn event(&self, kind: EventKind, handle: u32, detail: u64) {
+        self.post(&EventRepr {
+            kind,
+            handle,
+            detail,
+        });
+    }
+
+    pub(crate) fn post(&self, ev: &EventRepr) {
+        if self.closed.load(Ordering::Relaxed) {
+            return;
+        }
+        self.stats.event();
+        let written = {
+            let mut p = lock(&self.events);
+            match p.write(&ev.to_bytes()) {
+                Ok(_) => {
+                    p.publish();
+                    true
+                }
+                Err(e) => {
+                    tracing::debug!(ch = self.id.0, ?ev, "event dropped: {e}");
+                    false
+                }
+            }
+        };
+        if written {
+            self.notify();
+        } else {
+            self.stats.error();
+        }
+    }
+}
+
+/// The writer state of a CQ.
+pub(crate) struct CqState {
+    pub(crate) writer: CqWriter,
+    /// Overrun (or garbage consumer index): completions are dropped from now on.
+    pub(crate) broken: bool,
+}
+
+/// A completion queue.
+pub(crate) struct Cq {
+    pub(crate) id: CqId,
+    pub(crate) ch: Arc<Channel>,
+    pub(crate) state: Mutex<CqState>,
+    /// Mediated mode: the backend polls on the frontend's behalf.
+    pub(crate) poller: Option<Mutex<CqPoller>>,
+    /// QPs using the CQ.
+    pub(crate) users: AtomicU32,
+}
+
+impl Cq {
+    /// Writes a completion; `false` if it was lost (the CQ overflowed now or before).
+    pub(crate) fn complete(&self, cqe: &CqeRepr, solicited: bool) -> bool {
+        let notify = {
+            let mut s = lock(&self.state);
+            if s.broken {
+                drop(s);
+                self.ch.stats.error();
+                return false;
+            }
+            match s.writer.write(&cqe.to_bytes()) {
+                Ok(_) => s
+                    .writer
+                    .notify_needed(solicited || cqe.status != CqeStatus::Success),
+                Err(e) => {
+                    s.broken = true;
+                    drop(s);
+                    tracing::debug!(ch = self.ch.id.0, cq = self.id.0, "CQ in error: {e}");
+                    self.ch.stats.error();
+                    self.ch.event(EventKind::CqOverrun, self.id.0, 0);
+                    return false;
+                }
+            }
+        };
+        if notify {
+            self.ch.notify();
+        }
+        true
+    }
+
+    /// Mediated poll.
+    pub(crate) fn poll_raw(&self) -> Option<[u8; CQE_LEN]> {
+        self.poller.as_ref().and_then(|p| lock(p).poll_raw())
+    }
+}
+
+/// Send-side state of a QP (the engine that owns the QP's channel is its only user on the
+/// data path).
+pub(crate) struct SendSide {
+    pub(crate) sq: WqConsumer,
+    /// The head WQE, copied out and parsed, waiting for a RECV at the peer.
+    pub(crate) pending: Option<WqeRepr>,
+    pub(crate) peer: Option<Weak<Qp>>,
+    pub(crate) peer_num: Option<QpNum>,
+}
+
+/// Receive-side state of a QP (used by whichever engine delivers to it).
+pub(crate) struct RecvSide {
+    pub(crate) rq: WqConsumer,
+}
+
+/// A queue pair.
+pub(crate) struct Qp {
+    pub(crate) num: QpNum,
+    pub(crate) ch: Arc<Channel>,
+    pub(crate) pd: PdId,
+    state: AtomicU32,
+    pub(crate) send_cq: Arc<Cq>,
+    pub(crate) recv_cq: Arc<Cq>,
+    pub(crate) sig_all: bool,
+    pub(crate) send: Mutex<SendSide>,
+    pub(crate) recv: Mutex<RecvSide>,
+    /// Engine index + 1 of an engine whose QP waits for a RECV here (0: none).
+    pub(crate) rnr_waiter: AtomicUsize,
+    pub(crate) destroyed: AtomicBool,
+}
+
+pub(crate) fn state_from(v: u32) -> QpState {
+    QpState::from_u32(v).unwrap_or(QpState::Error)
+}
+
+impl Qp {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        num: QpNum,
+        ch: Arc<Channel>,
+        pd: PdId,
+        send_cq: Arc<Cq>,
+        recv_cq: Arc<Cq>,
+        sig_all: bool,
+        sq: WqConsumer,
+        rq: WqConsumer,
+    ) -> Self {
+        Self {
+            num,
+            ch,
+            pd,
+            state: AtomicU32::new(QpState::Init as u32),
+            send_cq,
+            recv_cq,
+            sig_all,
+            send: Mutex::new(SendSide {
+                sq,
+                pending: None,
+                peer: None,
+                peer_num: None,
+            }),
+            recv: Mutex::new(RecvSide { rq }),
+            rnr_waiter: AtomicUsize::new(0),
+            destroyed: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn state(&self) -> QpState {
+        state_from(self.state.load(Ordering::Acquire))
+    }
+
+    /// Sets a state other than Error (control path).
+    pub(crate) fn set_state(&self, s: QpState) {
+        self.state.store(s as u32, Ordering::Release);
+    }
+
+    /// Moves the QP to Error (once): the owning engine flushes its queues on its next pass.
+    /// `event` is sent to the QP's channel when this call made the transition.
+    pub(crate) fn fail(&self, event: Option<EventKind>) -> bool {
+        let prev = self.state.swap(QpState::Error as u32, Ordering::AcqRel);
+        if prev == QpState::Error as u32 {
+            return false;
+        }
+        tracing::debug!(domid = %self.ch.domid, ch = self.ch.id.0, qp = self.num.0, "QP to Error");
+        if let Some(kind) = event {
+            if !self.destroyed.load(Ordering::Relaxed) {
+                self.ch.event(kind, self.num.0, 0);
+            }
+        }
+        self.ch.engine.wake();
+        true
+    }
+}

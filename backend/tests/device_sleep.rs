@@ -1,0 +1,110 @@
+//! The engine's sleep protocol: it arms the sleep word when idle, a frontend then (and only
+//! then) kicks, and the kick wakes it. Tested by protocol state, never by timing.
+
+use std::time::{Duration, Instant};
+
+use shared_ring::abi::control::access;
+use shared_ring::abi::cqe::CqeStatus;
+use shared_ring::abi::wqe::WqeOpcode;
+use vrdma_backend::device::testkit::{wqe, TestChannel, HANG};
+use vrdma_backend::device::{ChannelMode, Device, EngineConfig, SoftDevice};
+
+fn wait_until(mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < HANG, "condition never reached");
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn idle_engine_sleeps_and_a_kick_wakes_it() {
+    let dev = SoftDevice::new(EngineConfig {
+        threads: 1,
+        spin: Duration::ZERO,
+    })
+    .unwrap();
+    let mut a = TestChannel::open(&dev, 1, ChannelMode::Bypass);
+    let mut cq = a.cq(&dev, 4);
+    let mut qp = a.qp(&dev, &cq, &cq, 4);
+    dev.connect_qp(a.id, qp.num, qp.num).unwrap();
+    let m = a.mr(&dev, 4096, access::ALL);
+    for round in 0..5u64 {
+        // Idle: the engine blocks with the sleep word armed.
+        wait_until(|| dev.engine_diag(a.id).unwrap().asleep);
+        let sleeps = dev.engine_diag(a.id).unwrap().sleeps;
+        assert!(sleeps > round);
+        // Nothing wakes an idle engine: it is still asleep, same sleep, after a while.
+        std::thread::sleep(Duration::from_millis(20));
+        let d = dev.engine_diag(a.id).unwrap();
+        assert!(d.asleep);
+        assert_eq!(d.sleeps, sleeps, "an idle engine woke up");
+        // Post: the kick check must say "kick" (the engine sleeps), exactly once.
+        let w = wqe(
+            WqeOpcode::RdmaWrite,
+            round,
+            &[m.sge(0, 8)],
+            (m.iova + 64, m.keys.rkey),
+            0,
+        );
+        qp.sq.write(&w.to_bytes()).unwrap();
+        assert!(
+            qp.sq.publish_and_check_kick(&mut qp.kick),
+            "sleeping engine not kicked"
+        );
+        assert!(!qp.kick.kick_needed(), "second kick for the same sleep");
+        dev.kick(a.id);
+        let c = cq.wait(&dev);
+        assert_eq!((c.wr_id, c.status), (round, CqeStatus::Success));
+    }
+}
+
+#[test]
+fn a_spinning_engine_is_not_kicked() {
+    let dev = SoftDevice::new(EngineConfig {
+        threads: 1,
+        spin: Duration::from_secs(3600),
+    })
+    .unwrap();
+    let mut a = TestChannel::open(&dev, 1, ChannelMode::Bypass);
+    let mut cq = a.cq(&dev, 4);
+    let mut qp = a.qp(&dev, &cq, &cq, 4);
+    dev.connect_qp(a.id, qp.num, qp.num).unwrap();
+    let m = a.mr(&dev, 4096, access::ALL);
+    for i in 0..10 {
+        let w = wqe(
+            WqeOpcode::RdmaWrite,
+            i,
+            &[m.sge(0, 8)],
+            (m.iova + 64, m.keys.rkey),
+            0,
+        );
+        qp.sq.write(&w.to_bytes()).unwrap();
+        assert!(!qp.sq.publish_and_check_kick(&mut qp.kick));
+        assert_eq!(cq.wait(&dev).wr_id, i);
+    }
+}
+
+#[test]
+fn a_blocked_send_on_another_engine_wakes_when_the_recv_is_posted() {
+    // Two engines, each channel on its own; both sleep; the RECV kick goes to the receiver's
+    // engine, which hands the wake-up to the sender's.
+    let dev = SoftDevice::new(EngineConfig {
+        threads: 2,
+        spin: Duration::ZERO,
+    })
+    .unwrap();
+    let mut a = TestChannel::open(&dev, 1, ChannelMode::Bypass);
+    let mut b = TestChannel::open(&dev, 2, ChannelMode::Bypass);
+    let mut acq = a.cq(&dev, 4);
+    let mut bcq = b.cq(&dev, 4);
+    let mut aqp = a.qp(&dev, &acq, &acq, 4);
+    let mut bqp = b.qp(&dev, &bcq, &bcq, 4);
+    vrdma_backend::device::testkit::connect(&dev, &aqp, &bqp);
+    let m = b.mr(&dev, 4096, access::ALL);
+    aqp.post_send(&dev, &wqe(WqeOpcode::Send, 1, &[], (0, 0), 0));
+    wait_until(|| dev.engine_diag(a.id).unwrap().asleep && dev.engine_diag(b.id).unwrap().asleep);
+    bqp.post_recv(&dev, 2, &[m.sge(0, 8)]);
+    assert_eq!(acq.wait(&dev).wr_id, 1);
+    assert_eq!(bcq.wait(&dev).wr_id, 2);
+}
