@@ -1,0 +1,100 @@
+//! `vrdma-backend`: the vrdma backend daemon (dom0 or a driver domain).
+//!
+//! On real Xen it serves the host's guests; with `--sim DIR` (or `VRDMA_SIM`) it joins a
+//! simulated host; with no Xen and nothing given it starts an embedded simulated host and says
+//! where its sockets are. See docs/backend.md.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use vrdma_backend::config::Config;
+use vrdma_backend::control::ControlOpener;
+use vrdma_backend::daemon::host::{self, HostChoice};
+use vrdma_backend::daemon::{self, signals, Daemon};
+use vrdma_backend::device::{Device, SoftDevice};
+
+#[derive(Parser)]
+#[command(version, about = "vrdma backend daemon: RDMA for Xen guests")]
+struct Cli {
+    /// Configuration file (TOML); default /etc/vrdma/backend.toml if it exists.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Join the simulated Xen host serving DIR (`vrdma-simhost serve --dir DIR`).
+    #[arg(long, env = "VRDMA_SIM", conflicts_with = "embedded")]
+    sim: Option<PathBuf>,
+    /// Start an embedded simulated host in DIR (the default when there is no Xen).
+    #[arg(long, value_name = "DIR")]
+    embedded: Option<PathBuf>,
+    /// Log filter (overrides the config file; RUST_LOG overrides both).
+    #[arg(long)]
+    log_level: Option<String>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let config = match Config::load_or_default(cli.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("vrdma-backend: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let level = cli.log_level.clone().unwrap_or(config.log_level.clone());
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&level))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    match run(cli, config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("vrdma-backend: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(cli: Cli, config: Config) -> Result<()> {
+    let choice = match (cli.sim, cli.embedded) {
+        (Some(dir), _) => HostChoice::Sim(dir),
+        (None, Some(dir)) => HostChoice::Embedded(Some(dir)),
+        (None, None) => HostChoice::Auto,
+    };
+    let host = host::start(choice).context("starting the platform")?;
+    tracing::info!(
+        "vrdma-backend on {} as domain {}",
+        host.description,
+        host.backend_domid
+    );
+    if let (Some(dir), true) = (host.sim_dir(), host.embedded.is_some()) {
+        println!("vrdma-backend: embedded simulated Xen host");
+        for line in host::join_instructions(dir) {
+            println!("  {line}");
+            tracing::info!("{line}");
+        }
+    }
+    let device: Arc<dyn Device> =
+        Arc::new(SoftDevice::new(config.engine()).context("starting the software device engine")?);
+    let info = daemon::device_info("soft-iwarp", &device.attrs());
+    let store = Arc::new(host.store.clone());
+    let platform = host.platform.clone();
+    let dev = device.clone();
+    let daemon = Daemon::new(
+        store,
+        host.backend_domid,
+        info,
+        config.quotas,
+        daemon::device_stats_source(device.clone()),
+        move |faults| Box::new(ControlOpener::new(platform, dev, faults)),
+    );
+    signals::install(daemon.shutdown_handle()).context("installing signal handlers")?;
+    let outcome = daemon.run();
+    drop(host);
+    outcome.context("the daemon stopped")
+}

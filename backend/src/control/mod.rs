@@ -1,0 +1,128 @@
+//! The control-ring service of a channel (DESIGN.md §4).
+//!
+//! - [`ControlOpener`] makes live channels for the xenbus state machine: it maps the guest's
+//!   ring page read-write, checks the alive byte, binds the event channel and starts a thread
+//!   that serves the ring.
+//! - [`service::ControlService`] answers every op with full validation; it is driven one slot
+//!   at a time, so tests feed it hostile slots directly.
+//! - [`pages`]: page lists in both directions (guest grants for MRs, backend pages for
+//!   queues).
+
+mod channel;
+pub mod pages;
+pub mod service;
+
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use shared_ring::ControlBackRing;
+use xen_platform::{Access, DomId, EvtchnPort, GrantRef, Platform};
+
+use crate::daemon::FaultSink;
+use crate::device::platform::foreign_mapping_region;
+use crate::device::Device;
+use crate::xenbus::{ChannelLink, ChannelOpener, ChannelRequest};
+pub use channel::{alive, ALIVE_OFFSET};
+use channel::{ChannelNotifier, ControlLink, Running, Shared};
+pub use service::ControlService;
+
+/// Opens channels on a platform and device.
+pub struct ControlOpener {
+    platform: Platform,
+    device: Arc<dyn Device>,
+    faults: FaultSink,
+}
+
+impl ControlOpener {
+    pub fn new(platform: Platform, device: Arc<dyn Device>, faults: FaultSink) -> ControlOpener {
+        ControlOpener {
+            platform,
+            device,
+            faults,
+        }
+    }
+}
+
+impl ChannelOpener for ControlOpener {
+    fn open(&mut self, req: ChannelRequest) -> Result<Box<dyn ChannelLink>, String> {
+        let domid = u16::try_from(req.device.domid)
+            .ok()
+            .map(DomId)
+            .filter(|d| d.is_normal())
+            .ok_or_else(|| format!("domain {} is not a normal domain", req.device.domid))?;
+        let mapping = self
+            .platform
+            .map_grants(domid, &[GrantRef(req.ring_ref)], Access::ReadWrite)
+            .map_err(|e| {
+                format!(
+                    "cannot map the control ring (grant {} of domain {domid}) read-write: {e}",
+                    req.ring_ref
+                )
+            })?;
+        let (ring_page, _) =
+            foreign_mapping_region(mapping).map_err(|e| format!("control ring mapping: {e}"))?;
+        if !alive(&ring_page) {
+            return Err(format!(
+                "the control ring's alive byte (offset {ALIVE_OFFSET}) is 0: set it to 1 before state 3"
+            ));
+        }
+        let ring =
+            ControlBackRing::new(ring_page.clone()).map_err(|e| format!("control ring: {e}"))?;
+        let evtchn = self
+            .platform
+            .bind_interdomain(domid, EvtchnPort(req.event_channel))
+            .map_err(|e| {
+                format!(
+                    "cannot bind event channel {} of domain {domid}: {e}",
+                    req.event_channel
+                )
+            })?;
+        let evtchn = Arc::new(evtchn);
+        let poll = mio::Poll::new().map_err(|e| format!("poll: {e}"))?;
+        let waker = Arc::new(
+            mio::Waker::new(poll.registry(), channel::WAKE).map_err(|e| format!("waker: {e}"))?,
+        );
+        Running::register(&poll, &evtchn).map_err(|e| format!("poll: {e}"))?;
+        let notifier = Arc::new(ChannelNotifier {
+            evtchn: evtchn.clone(),
+            waker: waker.clone(),
+        });
+        let service = ControlService::new(
+            req.device,
+            req.channel,
+            self.platform.clone(),
+            self.device.clone(),
+            req.account.clone(),
+            req.mode,
+            notifier,
+        );
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            reason: Mutex::new(None),
+            waker,
+        });
+        let running = Running {
+            service,
+            ring,
+            ring_page,
+            evtchn,
+            device: self.device.clone(),
+            poll,
+            shared: shared.clone(),
+            faults: self.faults.clone(),
+            device_id: req.device,
+            channel: req.channel,
+        };
+        let thread = std::thread::Builder::new()
+            .name(format!(
+                "vrdma-ch{}.{}.{}",
+                req.device.domid, req.device.devid, req.channel
+            ))
+            .spawn(move || running.run())
+            .map_err(|e| format!("cannot start the channel's thread: {e}"))?;
+        Ok(Box::new(ControlLink {
+            shared,
+            thread: Some(thread),
+        }))
+    }
+}

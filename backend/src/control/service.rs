@@ -1,0 +1,786 @@
+//! The control service of one channel: every verb of DESIGN.md §4, validated. A request slot
+//! arrives as a private copy (the ring copied it out of shared memory); whatever it says, the
+//! answer is a response slot (possibly deferred, for `Connect`) — never a panic.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use shared_ring::abi::control::{
+    access, field, ChannelStats, Op, Reply, Request, RequestRepr, ResponseRepr, Status,
+    CONTROL_SLOT_LEN,
+};
+use shared_ring::abi::cqe::CQE_LEN;
+use shared_ring::abi::event::{EventKind, EventRepr};
+use shared_ring::abi::wqe::WQE_LEN;
+use shared_ring::doorbell;
+use shared_ring::event_ring::EVENT_RING_LEN;
+use shared_ring::{SharedRegion, PROTOCOL_VERSION};
+use xen_platform::{DomId, Platform};
+
+use super::pages::{self, PagesError};
+use crate::device::{
+    ChannelId, ChannelMode, ChannelSetup, CqId, CqSetup, Device, DeviceError, MrHandle, MrSetup,
+    Notifier, PdId, QpNum, QpSetup, WorkQueue,
+};
+use crate::resources::table::{ChannelTable, CqEntry, MrEntry, QpEntry};
+use crate::resources::{Account, QuotaExceeded, Resource};
+use crate::xenbus::{CloseReason, DeviceId};
+
+/// Pages of the doorbell page the backend grants at `Init` (one: its grant is one reference).
+const DOORBELL_PAGES: usize = 1;
+
+/// A request failed: the status to answer, and why (for the log).
+#[derive(Debug)]
+pub(crate) struct Refusal {
+    status: Status,
+    why: String,
+}
+
+impl Refusal {
+    fn new(status: Status, why: impl Into<String>) -> Refusal {
+        Refusal {
+            status,
+            why: why.into(),
+        }
+    }
+}
+
+impl From<DeviceError> for Refusal {
+    fn from(e: DeviceError) -> Refusal {
+        Refusal::new(e.status(), e.to_string())
+    }
+}
+
+impl From<QuotaExceeded> for Refusal {
+    fn from(e: QuotaExceeded) -> Refusal {
+        Refusal::new(Status::QuotaExceeded, e.to_string())
+    }
+}
+
+impl From<PagesError> for Refusal {
+    fn from(e: PagesError) -> Refusal {
+        match e {
+            PagesError::BadGrant(why) => Refusal::new(Status::BadGrant, why),
+            PagesError::NoResources(why) => Refusal::new(Status::NoResources, why),
+        }
+    }
+}
+
+type Outcome = Result<Reply, Refusal>;
+
+/// Which table a directory-page entry belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    Cq,
+    Qp,
+}
+
+/// A `Connect` answered when the QP is connected (or cannot be).
+#[derive(Debug, Clone, Copy)]
+struct PendingConnect {
+    req_id: u32,
+    qp: QpNum,
+}
+
+/// The control service of one channel.
+pub struct ControlService {
+    device_id: DeviceId,
+    channel: u32,
+    domid: DomId,
+    platform: Platform,
+    device: Arc<dyn Device>,
+    account: Arc<Account>,
+    mode: ChannelMode,
+    notifier: Arc<dyn Notifier>,
+    /// The device's channel, once `Init` succeeded.
+    ch: Option<ChannelId>,
+    table: ChannelTable,
+    /// Directory pages describing queue pages to the guest, kept while the object lives.
+    dir_pages: BTreeMap<(Kind, u32), Vec<SharedRegion>>,
+    pending: Vec<PendingConnect>,
+    control_requests: u64,
+}
+
+impl std::fmt::Debug for ControlService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlService")
+            .field("device", &self.device_id)
+            .field("channel", &self.channel)
+            .field("ch", &self.ch)
+            .field("table", &self.table)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ControlService {
+    /// A service for channel `channel` of `device_id`; nothing is allocated before `Init`.
+    pub fn new(
+        device_id: DeviceId,
+        channel: u32,
+        platform: Platform,
+        device: Arc<dyn Device>,
+        account: Arc<Account>,
+        mode: ChannelMode,
+        notifier: Arc<dyn Notifier>,
+    ) -> ControlService {
+        ControlService {
+            device_id,
+            channel,
+            domid: DomId(device_id.domid as u16),
+            platform,
+            device,
+            account,
+            mode,
+            notifier,
+            ch: None,
+            table: ChannelTable::default(),
+            dir_pages: BTreeMap::new(),
+            pending: Vec::new(),
+            control_requests: 0,
+        }
+    }
+
+    /// The device channel, once initialised.
+    pub fn device_channel(&self) -> Option<ChannelId> {
+        self.ch
+    }
+
+    /// Whether `Connect`s are waiting for their QP.
+    pub fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// Handles one request slot; `None` when the answer is deferred (see
+    /// [`ControlService::poll_pending`]).
+    pub fn handle(&mut self, slot: &[u8; CONTROL_SLOT_LEN]) -> Option<[u8; CONTROL_SLOT_LEN]> {
+        self.control_requests += 1;
+        let req = match RequestRepr::parse(slot) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(device = %self.device_id, channel = self.channel, "malformed request: {e}");
+                return Some(raw_error(slot, Status::BadRequest));
+            }
+        };
+        let op = req.request.op();
+        let outcome = self.dispatch(req.req_id, req.request);
+        let rsp = match outcome {
+            None => return None,
+            Some(Ok(reply)) => ResponseRepr {
+                req_id: req.req_id,
+                op,
+                status: Status::Ok,
+                reply,
+            },
+            Some(Err(r)) => {
+                if r.status == Status::QuotaExceeded || r.status == Status::NoResources {
+                    tracing::warn!(device = %self.device_id, channel = self.channel, ?op, "{:?}: {}", r.status, r.why);
+                } else {
+                    tracing::debug!(device = %self.device_id, channel = self.channel, ?op, "{:?}: {}", r.status, r.why);
+                }
+                ResponseRepr::error(req.req_id, op, r.status)
+            }
+        };
+        Some(rsp.to_bytes())
+    }
+
+    /// Answers the deferred `Connect`s whose QP is now connected (or failed).
+    pub fn poll_pending(&mut self) -> Vec<[u8; CONTROL_SLOT_LEN]> {
+        let Some(ch) = self.ch else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let device = self.device.clone();
+        self.pending.retain(|p| {
+            let status = match device.qp_state(ch, p.qp) {
+                Ok(shared_ring::abi::control::QpState::Rts) => Status::Ok,
+                Ok(shared_ring::abi::control::QpState::Error) => Status::ConnectionRefused,
+                Ok(_) => return true,
+                Err(e) => e.status(),
+            };
+            out.push(
+                ResponseRepr {
+                    req_id: p.req_id,
+                    op: Op::Connect,
+                    status,
+                    reply: Reply::Empty,
+                }
+                .to_bytes(),
+            );
+            false
+        });
+        out
+    }
+
+    fn dispatch(&mut self, req_id: u32, request: Request) -> Option<Outcome> {
+        let ch = match (request, self.ch) {
+            (Request::Init { version }, _) => return Some(self.init(version)),
+            (_, None) => {
+                return Some(Err(Refusal::new(
+                    Status::BadRequest,
+                    "the channel is not initialised (send Init first)",
+                )))
+            }
+            (_, Some(ch)) => ch,
+        };
+        Some(match request {
+            Request::Init { .. } => unreachable!("handled above"),
+            Request::QueryDevice => Ok(Reply::Device(self.attrs())),
+            Request::QueryPort { port } => self.query_port(port),
+            Request::AllocPd => self.alloc_pd(ch),
+            Request::DeallocPd { pd } => self.dealloc_pd(ch, PdId(pd)),
+            Request::RegMr {
+                pd,
+                access,
+                length,
+                iova,
+                first_page_offset,
+                pages,
+            } => self.reg_mr(
+                ch,
+                PdId(pd),
+                access,
+                length,
+                iova,
+                first_page_offset,
+                &pages,
+            ),
+            Request::DeregMr { mr } => self.dereg_mr(ch, MrHandle(mr)),
+            Request::CreateCq { cqe_log2 } => self.create_cq(ch, cqe_log2),
+            Request::DestroyCq { cq } => self.destroy_cq(ch, CqId(cq)),
+            Request::CreateQp {
+                pd,
+                send_cq,
+                recv_cq,
+                sq_log2,
+                rq_log2,
+            } => self.create_qp(ch, PdId(pd), CqId(send_cq), CqId(recv_cq), sq_log2, rq_log2),
+            Request::ModifyQp { qp, state } => self
+                .own_qp(QpNum(qp))
+                .and_then(|qp| Ok(self.device.modify_qp(ch, qp, state)?))
+                .map(|()| Reply::Empty),
+            Request::DestroyQp { qp } => self.destroy_qp(ch, QpNum(qp)),
+            Request::Listen { .. } | Request::Accept { .. } => Err(Refusal::new(
+                Status::NotSupported,
+                "Listen/Accept (iWARP connection manager) are not supported yet",
+            )),
+            Request::Connect { qp, remote_qpn, .. } => {
+                return match self.connect(ch, QpNum(qp), QpNum(remote_qpn)) {
+                    Ok(()) => {
+                        self.pending.push(PendingConnect {
+                            req_id,
+                            qp: QpNum(qp),
+                        });
+                        None
+                    }
+                    Err(r) => Some(Err(r)),
+                }
+            }
+            Request::ArmCq { cq, solicited_only } => self
+                .own_cq(CqId(cq))
+                .and_then(|cq| Ok(self.device.arm_cq(ch, cq, solicited_only)?))
+                .map(|()| Reply::Empty),
+            Request::Stats => {
+                let s = self.device.stats(ch);
+                Ok(Reply::Stats(ChannelStats {
+                    work_requests: s.ops,
+                    completions: s.ops,
+                    control_requests: self.control_requests,
+                    notifications: s.notifications,
+                }))
+            }
+            Request::PostSend { qp, prod } => self.post(ch, QpNum(qp), WorkQueue::Sq, prod),
+            Request::PostRecv { qp, prod } => self.post(ch, QpNum(qp), WorkQueue::Rq, prod),
+            Request::PollCq { cq } => self.own_cq(CqId(cq)).and_then(|cq| {
+                let cqe = self.device.poll_cq_mediated(ch, cq)?;
+                Ok(Reply::Poll(cqe.map(|c| {
+                    let mut b = c.to_bytes();
+                    b[CQE_LEN - 4..].fill(0);
+                    b
+                })))
+            }),
+        })
+    }
+
+    /// Device limits as this guest sees them: the device's, bounded by the quotas.
+    fn attrs(&self) -> shared_ring::abi::control::DeviceAttrs {
+        let mut a = self.device.attrs();
+        let q = self.account.quotas();
+        a.max_qp = a.max_qp.min(q.max_qps);
+        a.max_cq = a.max_cq.min(q.max_cqs);
+        a.max_mr = a.max_mr.min(q.max_mrs);
+        a.max_pd = a.max_pd.min(q.max_pds);
+        a.max_mr_pages = a.max_mr_pages.min(q.max_mr_pages);
+        a
+    }
+
+    fn init(&mut self, version: u32) -> Outcome {
+        if self.ch.is_some() {
+            return Err(Refusal::new(Status::BadRequest, "Init sent twice"));
+        }
+        if version != PROTOCOL_VERSION {
+            return Err(Refusal::new(
+                Status::VersionMismatch,
+                format!(
+                    "Init with protocol version {version}; this backend speaks {PROTOCOL_VERSION}"
+                ),
+            ));
+        }
+        let (doorbell, doorbell_grefs) = pages::share(&self.platform, self.domid, DOORBELL_PAGES)?;
+        let (event_ring, event_grefs) = pages::share(
+            &self.platform,
+            self.domid,
+            EVENT_RING_LEN / xen_platform::PAGE_SIZE,
+        )?;
+        let slots = doorbell::slots_in(doorbell.len());
+        let ch = self.device.open_channel(ChannelSetup {
+            domid: self.domid,
+            doorbell,
+            event_ring,
+            notifier: self.notifier.clone(),
+            mode: self.mode,
+        })?;
+        self.ch = Some(ch);
+        self.table = ChannelTable::new(slots);
+        tracing::debug!(device = %self.device_id, channel = self.channel, "initialised: {slots} doorbell slots");
+        Ok(Reply::Init {
+            version: PROTOCOL_VERSION,
+            doorbell_gref: doorbell_grefs[0],
+            event_gref: event_grefs[0],
+            doorbell_slots: slots,
+        })
+    }
+
+    fn query_port(&self, port: u32) -> Outcome {
+        if port != 1 {
+            return Err(Refusal::new(
+                Status::InvalidArgument,
+                format!("port {port} does not exist (the device has port 1)"),
+            ));
+        }
+        Ok(Reply::Port {
+            state: 4, // ACTIVE, as ibverbs numbers it
+            active_mtu: 4096,
+            speed_mbps: 100_000,
+            gid: [0; 16],
+        })
+    }
+
+    fn alloc_pd(&mut self, ch: ChannelId) -> Outcome {
+        self.account.charge(Resource::Pds, 1)?;
+        match self.device.alloc_pd(ch) {
+            Ok(pd) => {
+                self.table.pds.insert(pd);
+                Ok(Reply::Handle(pd.0))
+            }
+            Err(e) => {
+                self.account.refund(Resource::Pds, 1);
+                Err(e.into())
+            }
+        }
+    }
+
+    fn dealloc_pd(&mut self, ch: ChannelId, pd: PdId) -> Outcome {
+        self.own_pd(pd)?;
+        if self.table.pd_in_use(pd) {
+            return Err(Refusal::new(Status::Busy, format!("PD {} is in use", pd.0)));
+        }
+        self.device.dealloc_pd(ch, pd)?;
+        self.table.pds.remove(&pd);
+        self.account.refund(Resource::Pds, 1);
+        Ok(Reply::Empty)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn reg_mr(
+        &mut self,
+        ch: ChannelId,
+        pd: PdId,
+        acc: u32,
+        length: u64,
+        iova: u64,
+        first_page_offset: u32,
+        list: &shared_ring::abi::page_dir::PageList,
+    ) -> Outcome {
+        self.own_pd(pd)?;
+        if acc & access::REMOTE_WRITE != 0 && acc & access::LOCAL_WRITE == 0 {
+            return Err(Refusal::new(
+                Status::InvalidArgument,
+                "REMOTE_WRITE needs LOCAL_WRITE",
+            ));
+        }
+        let n_pages = u64::from(list.n_pages());
+        let need = u64::from(first_page_offset)
+            .checked_add(length)
+            .map(|end| end.div_ceil(xen_platform::PAGE_SIZE as u64));
+        if length == 0 || need != Some(n_pages) {
+            return Err(Refusal::new(
+                Status::InvalidArgument,
+                format!(
+                    "a region of {length} bytes at page offset {first_page_offset} needs {need:?} pages, not {n_pages}"
+                ),
+            ));
+        }
+        if iova.checked_add(length).is_none() {
+            return Err(Refusal::new(
+                Status::InvalidArgument,
+                "iova + length overflows",
+            ));
+        }
+        // Quotas before any grant is touched: they bound the directory walk too.
+        self.account.charge(Resource::Mrs, 1)?;
+        if let Err(e) = self.account.charge(Resource::MrPages, n_pages) {
+            self.account.refund(Resource::Mrs, 1);
+            return Err(e.into());
+        }
+        let refund = |a: &Account| {
+            a.refund(Resource::Mrs, 1);
+            a.refund(Resource::MrPages, n_pages);
+        };
+        let registered = (|| -> Result<crate::device::MrKeys, Refusal> {
+            let grefs = pages::resolve_guest_list(&self.platform, self.domid, list)?;
+            let (region, writable) = pages::map_guest_pages(&self.platform, self.domid, &grefs)?;
+            Ok(self.device.reg_mr(
+                ch,
+                MrSetup {
+                    pd,
+                    pages: region,
+                    writable,
+                    first_page_offset,
+                    length,
+                    iova,
+                    access: acc,
+                },
+            )?)
+        })();
+        match registered {
+            Ok(keys) => {
+                self.table
+                    .mrs
+                    .insert(keys.handle, MrEntry { pd, pages: n_pages });
+                Ok(Reply::Mr {
+                    mr: keys.handle.0,
+                    lkey: keys.lkey,
+                    rkey: keys.rkey,
+                })
+            }
+            Err(r) => {
+                refund(&self.account);
+                Err(r)
+            }
+        }
+    }
+
+    fn dereg_mr(&mut self, ch: ChannelId, mr: MrHandle) -> Outcome {
+        let Some(entry) = self.table.mrs.get(&mr).copied() else {
+            return Err(bad_handle("MR", mr.0));
+        };
+        self.device.dereg_mr(ch, mr)?;
+        self.table.mrs.remove(&mr);
+        self.account.refund(Resource::Mrs, 1);
+        self.account.refund(Resource::MrPages, entry.pages);
+        Ok(Reply::Empty)
+    }
+
+    fn check_log2(&self, log2: u8, max: u32, what: &str) -> Result<usize, Refusal> {
+        let entries = 1usize << log2;
+        if entries as u64 > u64::from(max) {
+            return Err(Refusal::new(
+                Status::InvalidArgument,
+                format!("{what} of {entries} entries exceeds the device limit {max}"),
+            ));
+        }
+        Ok(entries)
+    }
+
+    fn create_cq(&mut self, ch: ChannelId, cqe_log2: u8) -> Outcome {
+        let entries = self.check_log2(cqe_log2, self.device.attrs().max_cqe, "CQ")?;
+        self.account.charge(Resource::Cqs, 1)?;
+        let made = (|| -> Result<(CqId, u32, shared_ring::abi::page_dir::PageList, Vec<SharedRegion>), Refusal> {
+            let slot = self.take_slots(1)?[0];
+            let result = (|| {
+                let (ring, grefs) =
+                    pages::share(&self.platform, self.domid, pages::pages_for(entries, CQE_LEN))?;
+                let (list, dirs) = pages::describe(&self.platform, self.domid, &grefs)?;
+                let cq = self.device.create_cq(
+                    ch,
+                    CqSetup {
+                        ring,
+                        cqe_log2,
+                        doorbell_slot: slot,
+                    },
+                )?;
+                Ok((cq, slot, list, dirs))
+            })();
+            if result.is_err() {
+                self.table.free_slots(&[slot]);
+            }
+            result
+        })();
+        match made {
+            Ok((cq, slot, list, dirs)) => {
+                self.table.cqs.insert(
+                    cq,
+                    CqEntry {
+                        doorbell_slot: slot,
+                    },
+                );
+                self.keep_dirs(Kind::Cq, cq.0, dirs);
+                Ok(Reply::Cq {
+                    cq: cq.0,
+                    doorbell_slot: slot,
+                    cqe_log2,
+                    pages: list,
+                })
+            }
+            Err(r) => {
+                self.account.refund(Resource::Cqs, 1);
+                Err(r)
+            }
+        }
+    }
+
+    fn destroy_cq(&mut self, ch: ChannelId, cq: CqId) -> Outcome {
+        let entry = self.own_cq_entry(cq)?;
+        if self.table.cq_in_use(cq) {
+            return Err(Refusal::new(
+                Status::Busy,
+                format!("CQ {} is used by a QP", cq.0),
+            ));
+        }
+        self.device.destroy_cq(ch, cq)?;
+        self.table.cqs.remove(&cq);
+        self.table.free_slots(&[entry.doorbell_slot]);
+        self.dir_pages.remove(&(Kind::Cq, cq.0));
+        self.account.refund(Resource::Cqs, 1);
+        Ok(Reply::Empty)
+    }
+
+    fn create_qp(
+        &mut self,
+        ch: ChannelId,
+        pd: PdId,
+        send_cq: CqId,
+        recv_cq: CqId,
+        sq_log2: u8,
+        rq_log2: u8,
+    ) -> Outcome {
+        self.own_pd(pd)?;
+        self.own_cq(send_cq)?;
+        self.own_cq(recv_cq)?;
+        let max_wr = self.device.attrs().max_qp_wr;
+        let sq_entries = self.check_log2(sq_log2, max_wr, "send queue")?;
+        let rq_entries = self.check_log2(rq_log2, max_wr, "receive queue")?;
+        self.account.charge(Resource::Qps, 1)?;
+        type Made = (
+            QpNum,
+            [u32; 2],
+            shared_ring::abi::page_dir::PageList,
+            Vec<SharedRegion>,
+        );
+        let made = (|| -> Result<Made, Refusal> {
+            let slots = self.take_slots(2)?;
+            let (sq_slot, rq_slot) = (slots[0], slots[1]);
+            let result = (|| {
+                let (sq, mut grefs) = pages::share(
+                    &self.platform,
+                    self.domid,
+                    pages::pages_for(sq_entries, WQE_LEN),
+                )?;
+                let (rq, rq_grefs) = pages::share(
+                    &self.platform,
+                    self.domid,
+                    pages::pages_for(rq_entries, WQE_LEN),
+                )?;
+                grefs.extend(rq_grefs);
+                let (list, dirs) = pages::describe(&self.platform, self.domid, &grefs)?;
+                let qp = self.device.create_qp(
+                    ch,
+                    QpSetup {
+                        pd,
+                        send_cq,
+                        recv_cq,
+                        sq,
+                        rq,
+                        sq_log2,
+                        rq_log2,
+                        sq_slot,
+                        rq_slot,
+                        sq_sig_all: false,
+                    },
+                )?;
+                Ok((qp, [sq_slot, rq_slot], list, dirs))
+            })();
+            if result.is_err() {
+                self.table.free_slots(&slots);
+            }
+            result
+        })();
+        match made {
+            Ok((qp, [sq_slot, rq_slot], list, dirs)) => {
+                self.table.qps.insert(
+                    qp,
+                    QpEntry {
+                        pd,
+                        send_cq,
+                        recv_cq,
+                        sq_slot,
+                        rq_slot,
+                    },
+                );
+                self.keep_dirs(Kind::Qp, qp.0, dirs);
+                Ok(Reply::Qp {
+                    qp: qp.0,
+                    qp_num: qp.0,
+                    sq_slot,
+                    rq_slot,
+                    sq_log2,
+                    rq_log2,
+                    pages: list,
+                })
+            }
+            Err(r) => {
+                self.account.refund(Resource::Qps, 1);
+                Err(r)
+            }
+        }
+    }
+
+    fn destroy_qp(&mut self, ch: ChannelId, qp: QpNum) -> Outcome {
+        let Some(entry) = self.table.qps.get(&qp).copied() else {
+            return Err(bad_handle("QP", qp.0));
+        };
+        self.device.destroy_qp(ch, qp)?;
+        self.forget_qp(qp, &entry);
+        Ok(Reply::Empty)
+    }
+
+    fn forget_qp(&mut self, qp: QpNum, entry: &QpEntry) {
+        self.table.qps.remove(&qp);
+        self.table.free_slots(&[entry.sq_slot, entry.rq_slot]);
+        self.dir_pages.remove(&(Kind::Qp, qp.0));
+        self.account.refund(Resource::Qps, 1);
+        self.pending.retain(|p| p.qp != qp);
+    }
+
+    fn connect(&mut self, ch: ChannelId, qp: QpNum, remote: QpNum) -> Result<(), Refusal> {
+        self.own_qp(qp)?;
+        if self.pending.iter().any(|p| p.qp == qp) {
+            return Err(Refusal::new(
+                Status::Busy,
+                format!("QP {} is already connecting", qp.0),
+            ));
+        }
+        self.device.connect_qp(ch, qp, remote)?;
+        Ok(())
+    }
+
+    fn post(&mut self, ch: ChannelId, qp: QpNum, which: WorkQueue, prod: u32) -> Outcome {
+        self.own_qp(qp)?;
+        self.device.post_mediated(ch, qp, which, prod)?;
+        Ok(Reply::Empty)
+    }
+
+    fn take_slots(&mut self, n: usize) -> Result<Vec<u32>, Refusal> {
+        self.table.take_slots(n).ok_or_else(|| {
+            Refusal::new(
+                Status::NoResources,
+                format!(
+                    "the channel's doorbell page has no {n} free slots (it has {}; each CQ takes 1, each QP 2)",
+                    self.table.slot_count()
+                ),
+            )
+        })
+    }
+
+    fn keep_dirs(&mut self, op: Kind, handle: u32, dirs: Vec<SharedRegion>) {
+        if !dirs.is_empty() {
+            self.dir_pages.insert((op, handle), dirs);
+        }
+    }
+
+    fn own_pd(&self, pd: PdId) -> Result<PdId, Refusal> {
+        if self.table.pds.contains(&pd) {
+            Ok(pd)
+        } else {
+            Err(bad_handle("PD", pd.0))
+        }
+    }
+
+    fn own_cq(&self, cq: CqId) -> Result<CqId, Refusal> {
+        self.own_cq_entry(cq).map(|_| cq)
+    }
+
+    fn own_cq_entry(&self, cq: CqId) -> Result<CqEntry, Refusal> {
+        self.table
+            .cqs
+            .get(&cq)
+            .copied()
+            .ok_or_else(|| bad_handle("CQ", cq.0))
+    }
+
+    fn own_qp(&self, qp: QpNum) -> Result<QpNum, Refusal> {
+        if self.table.qps.contains_key(&qp) {
+            Ok(qp)
+        } else {
+            Err(bad_handle("QP", qp.0))
+        }
+    }
+
+    /// Releases everything the channel holds (QPs flushed, MRs unmapped, pages revoked) and
+    /// gives it back to the account. With a reason that means the device is lost, the guest
+    /// gets a `DeviceLost` event first.
+    pub fn reclaim(&mut self, reason: &CloseReason) {
+        let Some(ch) = self.ch.take() else {
+            return;
+        };
+        if reason.device_lost() {
+            let ev = EventRepr {
+                kind: EventKind::DeviceLost,
+                handle: 0,
+                detail: 0,
+            };
+            if let Err(e) = self.device.post_event(ch, ev) {
+                tracing::debug!(device = %self.device_id, channel = self.channel, "DeviceLost event not posted: {e}");
+            }
+        }
+        let t = std::mem::take(&mut self.table);
+        let (qps, cqs, mrs, pds) = (t.qps.len(), t.cqs.len(), t.mrs.len(), t.pds.len());
+        let mr_pages: u64 = t.mrs.values().map(|m| m.pages).sum();
+        // The device frees everything of the channel in one call (QPs first, peers flushed).
+        self.device.close_channel(ch);
+        self.dir_pages.clear();
+        self.pending.clear();
+        self.account.refund(Resource::Qps, qps as u64);
+        self.account.refund(Resource::Cqs, cqs as u64);
+        self.account.refund(Resource::Mrs, mrs as u64);
+        self.account.refund(Resource::MrPages, mr_pages);
+        self.account.refund(Resource::Pds, pds as u64);
+        tracing::info!(
+            device = %self.device_id,
+            channel = self.channel,
+            "reclaimed {qps} QPs, {cqs} CQs, {mrs} MRs ({mr_pages} pages), {pds} PDs: {reason}"
+        );
+    }
+}
+
+impl Drop for ControlService {
+    fn drop(&mut self) {
+        self.reclaim(&CloseReason::Shutdown);
+    }
+}
+
+fn bad_handle(what: &str, h: u32) -> Refusal {
+    Refusal::new(
+        Status::BadHandle,
+        format!("{what} {h} does not belong to this channel"),
+    )
+}
+
+/// An error response for a slot that does not parse: its `req_id` and op number echoed.
+fn raw_error(slot: &[u8; CONTROL_SLOT_LEN], status: Status) -> [u8; CONTROL_SLOT_LEN] {
+    let mut b = [0u8; CONTROL_SLOT_LEN];
+    b[field::REQ_ID..field::REQ_ID + 4].copy_from_slice(&slot[field::REQ_ID..field::REQ_ID + 4]);
+    b[field::OP..field::OP + 2].copy_from_slice(&slot[field::OP..field::OP + 2]);
+    b[field::STATUS..field::STATUS + 4].copy_from_slice(&(status as u32).to_le_bytes());
+    b
+}

@@ -1,0 +1,69 @@
+//! XenStore paths of the vrdma device class (docs/split-driver.md).
+
+use super::DeviceId;
+
+/// `/local/domain/<B>/backend/vrdma`: what the backend watches.
+pub fn backend_root(backend_domid: u32) -> String {
+    format!("/local/domain/{backend_domid}/backend/vrdma")
+}
+
+/// `/local/domain/<B>/backend/vrdma/<D>/<devid>`.
+pub fn device_backend_path(backend_domid: u32, id: DeviceId) -> String {
+    format!("{}/{}/{}", backend_root(backend_domid), id.domid, id.devid)
+}
+
+/// `/local/domain/<D>/device/vrdma/<devid>`.
+pub fn device_frontend_path(id: DeviceId) -> String {
+    format!("/local/domain/{}/device/vrdma/{}", id.domid, id.devid)
+}
+
+/// A decimal XenStore path component (domid, devid, channel number): no sign, no leading
+/// zeros, fits in `u32`.
+pub(crate) fn parse_index(name: &str) -> Option<u32> {
+    if name.is_empty() || name.len() > 10 || (name.len() > 1 && name.starts_with('0')) {
+        return None;
+    }
+    if !name.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    name.parse().ok()
+}
+
+/// The device a path under the backend root belongs to: `<root>/<D>/<devid>[/...]`.
+pub(crate) fn device_of(root: &str, path: &str) -> Option<DeviceId> {
+    let rest = path.strip_prefix(root)?.strip_prefix('/')?;
+    let mut parts = rest.split('/');
+    let domid = parse_index(parts.next()?)?;
+    let devid = parse_index(parts.next()?)?;
+    Some(DeviceId { domid, devid })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn indexes_are_canonical_decimals() {
+        assert_eq!(parse_index("0"), Some(0));
+        assert_eq!(parse_index("17"), Some(17));
+        for bad in ["", "01", "-1", "+1", "x", "99999999999", "1 "] {
+            assert_eq!(parse_index(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn device_of_paths() {
+        let root = backend_root(0);
+        let id = DeviceId { domid: 3, devid: 0 };
+        assert_eq!(device_of(&root, &format!("{root}/3/0/state")), Some(id));
+        assert_eq!(device_of(&root, &format!("{root}/3/0")), Some(id));
+        assert_eq!(device_of(&root, &format!("{root}/3")), None);
+        assert_eq!(device_of(&root, &root), None);
+        assert_eq!(device_of(&root, "/local/domain/0/backend/vrdmax/3/0"), None);
+        assert_eq!(
+            device_backend_path(0, id),
+            "/local/domain/0/backend/vrdma/3/0"
+        );
+        assert_eq!(device_frontend_path(id), "/local/domain/3/device/vrdma/0");
+    }
+}
