@@ -16,6 +16,7 @@ fn setup() -> (Store, Vec<ConnId>) {
             watches: 4,
             transactions: 2,
             node_permissions: 3,
+            transaction_nodes: 16,
         },
         ..Config::default()
     });

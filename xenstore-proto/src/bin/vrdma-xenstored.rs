@@ -35,6 +35,9 @@ struct Args {
     /// Permission entries per node an unprivileged domain may set.
     #[arg(long, default_value_t = Quotas::default().node_permissions)]
     quota_node_permissions: u32,
+    /// Nodes one transaction of an unprivileged domain may read or change.
+    #[arg(long, default_value_t = Quotas::default().transaction_nodes)]
+    quota_transaction_nodes: u32,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -53,6 +56,7 @@ fn main() -> anyhow::Result<()> {
             watches: args.quota_watches,
             transactions: args.quota_transactions,
             node_permissions: args.quota_node_permissions,
+            transaction_nodes: args.quota_transaction_nodes,
         },
         keep_orphans: args.keep_orphans,
         ..Config::default()

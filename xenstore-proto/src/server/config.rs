@@ -17,6 +17,9 @@ pub struct Quotas {
     /// `node-permissions`: entries in one `SET_PERMS` (xenstored `-A`, 5). Exceeding it:
     /// `ENOSPC`.
     pub node_permissions: u32,
+    /// `transaction-nodes`: nodes one transaction may read or change (xenstored `-n`, 1024).
+    /// Exceeding it: `ENOSPC`.
+    pub transaction_nodes: u32,
 }
 
 impl Default for Quotas {
@@ -27,6 +30,7 @@ impl Default for Quotas {
             watches: 128,
             transactions: 10,
             node_permissions: 5,
+            transaction_nodes: 1024,
         }
     }
 }
@@ -39,14 +43,16 @@ pub enum QuotaKind {
     Watches,
     Transactions,
     NodePermissions,
+    TransactionNodes,
 }
 
 impl QuotaKind {
     /// Every quota, in the order `GET_QUOTA` lists them.
-    pub const ALL: [QuotaKind; 5] = [
+    pub const ALL: [QuotaKind; 6] = [
         QuotaKind::Nodes,
         QuotaKind::Watches,
         QuotaKind::Transactions,
+        QuotaKind::TransactionNodes,
         QuotaKind::NodePermissions,
         QuotaKind::NodeSize,
     ];
@@ -59,6 +65,7 @@ impl QuotaKind {
             QuotaKind::Watches => "watches",
             QuotaKind::Transactions => "transactions",
             QuotaKind::NodePermissions => "node-permissions",
+            QuotaKind::TransactionNodes => "transaction-nodes",
         }
     }
 
@@ -77,6 +84,7 @@ impl Quotas {
             QuotaKind::Watches => self.watches,
             QuotaKind::Transactions => self.transactions,
             QuotaKind::NodePermissions => self.node_permissions,
+            QuotaKind::TransactionNodes => self.transaction_nodes,
         }
     }
 
@@ -88,6 +96,7 @@ impl Quotas {
             QuotaKind::Watches => self.watches = value,
             QuotaKind::Transactions => self.transactions = value,
             QuotaKind::NodePermissions => self.node_permissions = value,
+            QuotaKind::TransactionNodes => self.transaction_nodes = value,
         }
     }
 }

@@ -95,7 +95,14 @@ impl Store {
             self.fire(&events, out);
             r
         } else {
+            let limit = match self.conns.get(&conn) {
+                Some(c) if c.domid != 0 => self.quotas(c.domid).transaction_nodes as usize,
+                _ => usize::MAX,
+            };
             let c = self.conns.get_mut(&conn).ok_or(XsErrno::EINVAL)?;
+            if c.txns.get(&tx).is_some_and(|t| t.size() >= limit) {
+                return Err(XsErrno::ENOSPC);
+            }
             let mut txn = c.txns.remove(&tx).ok_or(XsErrno::ENOENT)?;
             let r = op(&mut View::Txn(&self.tree, &mut txn), &mut events);
             if r.is_ok() {

@@ -552,6 +552,7 @@ fn quotas_and_their_errors() {
             watches: 2,
             transactions: 1,
             node_permissions: 2,
+            transaction_nodes: 1024,
         },
         ..Config::default()
     });
@@ -858,7 +859,7 @@ fn quota_and_feature_requests() {
     );
     assert_eq!(
         names,
-        b"nodes watches transactions node-permissions node-size\0"
+        b"nodes watches transactions transaction-nodes node-permissions node-size\0"
     );
     assert_eq!(
         f.ok(
@@ -965,4 +966,46 @@ fn quota_and_feature_requests() {
         ),
         XsErrno::ENOSYS
     );
+}
+
+#[test]
+fn transaction_nodes_quota_bounds_a_transaction() {
+    let mut f = Fixture::with(Config {
+        quotas: Quotas {
+            transaction_nodes: 8,
+            ..Quotas::default()
+        },
+        ..Config::default()
+    });
+    let d1 = f.store.open(1);
+    let tx = f.ok(d1, Request::TransactionStart);
+    let tx: u32 = std::str::from_utf8(&tx[..tx.len() - 1])
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut refused = None;
+    for i in 0..20 {
+        let path = format!("/n{i}");
+        if let Err(XsErrno::ENOSPC) = f.req(d1, tx, Request::Read { path: &path }).0 {
+            refused = Some((i, XsErrno::ENOSPC));
+            break;
+        }
+    }
+    let (i, e) = refused.expect("a transaction cannot grow without bound");
+    assert_eq!(e, XsErrno::ENOSPC);
+    assert!(i >= 4, "some reads pass first ({i})");
+    // dom0 is not limited.
+    let dom0 = f.store.open(0);
+    let tx = f.ok(dom0, Request::TransactionStart);
+    let tx: u32 = std::str::from_utf8(&tx[..tx.len() - 1])
+        .unwrap()
+        .parse()
+        .unwrap();
+    for i in 0..20 {
+        let path = format!("/m{i}");
+        assert_eq!(
+            f.req(dom0, tx, Request::Read { path: &path }).0,
+            Err(XsErrno::ENOENT)
+        );
+    }
 }

@@ -29,6 +29,11 @@ impl Txn {
         }
     }
 
+    /// Nodes this transaction has touched (xenstored's `transaction-nodes` count).
+    pub fn size(&self) -> usize {
+        self.accessed.len() + self.overlay.len()
+    }
+
     pub fn owned_delta(&self, domid: u32) -> i64 {
         self.delta.get(&domid).copied().unwrap_or(0)
     }
