@@ -1,1 +1,340 @@
-//! Helpers shared by the end-to-end tests in `tests/tests/`.
+//! Helpers shared by the end-to-end tests in `tests/tests/`: a simulated Xen host embedded in
+//! the test process (grants, event channels and XenStore), the vrdma backend serving it, and
+//! guest processes (`vrdma-guest`) running in simulated domains, driven line by line.
+//!
+//! Nothing here skips: when something the tests need is missing (the backend binary, a
+//! domain), the helpers panic with a sentence saying what to do.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use xen_platform::sim::{sock, SimControl, SimHost, SimHostConfig};
+use xen_platform::{DomId, ENV_SIM_DIR, ENV_SIM_DOMID};
+use xenstore_proto::client::Client;
+use xenstore_proto::wire::{Perm, PermKind, Perms};
+
+/// How long one guest command may take before the test calls it a hang.
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Environment variable naming the backend binary (default: `vrdma-backend` next to the test
+/// executable's target directory).
+pub const BACKEND_BIN_ENV: &str = "VRDMA_BACKEND_BIN";
+
+/// A simulated host with the vrdma backend running as dom0.
+pub struct Lab {
+    pub host: SimHost,
+    pub dom0: Client,
+    backend: Option<Child>,
+    _tmp: tempfile::TempDir,
+}
+
+/// Where cargo put the binaries of this build (`target/<profile>`).
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().expect("exe dir");
+    if dir.ends_with("deps") {
+        dir.parent().expect("profile dir").to_path_buf()
+    } else {
+        dir.to_path_buf()
+    }
+}
+
+/// The backend binary, or a panic saying how to build it.
+pub fn backend_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os(BACKEND_BIN_ENV) {
+        return p.into();
+    }
+    let p = bin_dir().join("vrdma-backend");
+    assert!(
+        p.exists(),
+        "the vrdma-backend binary is not at {} — build it first (`cargo build -p vrdma-backend`, \
+         or run the whole workspace's tests), or set {BACKEND_BIN_ENV}",
+        p.display()
+    );
+    p
+}
+
+impl Lab {
+    /// Starts a host in a fresh directory and the backend as dom0.
+    pub fn start() -> Lab {
+        let tmp = tempfile::Builder::new()
+            .prefix("vrdma-e2e")
+            .tempdir()
+            .expect("tempdir");
+        let host = SimHost::start(SimHostConfig::new(tmp.path().join("host")))
+            .expect("start the simulated host");
+        let dom0 = Client::connect(sock::xenstore_socket(host.dir(), 0)).expect("dom0 xenstore");
+        let mut lab = Lab {
+            host,
+            dom0,
+            backend: None,
+            _tmp: tmp,
+        };
+        lab.start_backend();
+        lab
+    }
+
+    fn domain_env(&self, cmd: &mut Command, domid: DomId) {
+        cmd.env(ENV_SIM_DIR, self.host.dir())
+            .env(ENV_SIM_DOMID, domid.0.to_string())
+            .env(
+                "XENSTORED_PATH",
+                sock::xenstore_socket(self.host.dir(), domid.0),
+            );
+    }
+
+    fn start_backend(&mut self) {
+        let mut cmd = Command::new(backend_bin());
+        self.domain_env(&mut cmd, DomId(0));
+        cmd.stdin(Stdio::null());
+        let child = cmd.spawn().expect("spawn vrdma-backend");
+        self.backend = Some(child);
+    }
+
+    /// Whether the backend process is still running.
+    pub fn backend_alive(&mut self) -> bool {
+        match &mut self.backend {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// A new guest domain.
+    pub fn create_guest(&self, name: &str) -> DomId {
+        self.host
+            .create_domain(Some(name), None)
+            .expect("create a domain")
+    }
+
+    /// The backend's device directory of `domid`'s device 0.
+    pub fn back_dir(&self, domid: DomId) -> String {
+        format!("/local/domain/0/backend/vrdma/{}/0", domid.0)
+    }
+
+    /// Attaches device 0 to `domid` as the toolstack does (one transaction, libxl's
+    /// permissions), with extra backend-directory nodes such as quotas.
+    pub fn attach(&self, domid: DomId, quotas: &[(&str, &str)]) {
+        let d = u32::from(domid.0);
+        let back = self.back_dir(domid);
+        let front = format!("/local/domain/{d}/device/vrdma/0");
+        self.dom0
+            .transaction(|tx| {
+                tx.write(&back, "")?;
+                tx.set_perms(
+                    &back,
+                    &Perms(vec![
+                        Perm::new(PermKind::None, 0),
+                        Perm::new(PermKind::Read, d),
+                    ]),
+                )?;
+                tx.write(&format!("{back}/frontend"), &front)?;
+                tx.write(&format!("{back}/frontend-id"), d.to_string())?;
+                tx.write(&format!("{back}/online"), "1")?;
+                for (k, v) in quotas {
+                    tx.write(&format!("{back}/{k}"), v)?;
+                }
+                tx.write(&format!("{back}/state"), "1")?;
+                tx.write(&front, "")?;
+                tx.set_perms(
+                    &front,
+                    &Perms(vec![
+                        Perm::new(PermKind::None, d),
+                        Perm::new(PermKind::Read, 0),
+                    ]),
+                )?;
+                tx.write(&format!("{front}/backend"), &back)?;
+                tx.write(&format!("{front}/backend-id"), "0")?;
+                tx.write(&format!("{front}/state"), "1")?;
+                Ok(())
+            })
+            .expect("attach the device");
+    }
+
+    /// Starts `vrdma-guest` (at `exe`) in `domid`, adopted by the host so a domain destroy
+    /// kills it.
+    pub fn spawn_guest(&self, exe: &Path, domid: DomId) -> Guest {
+        let mut cmd = Command::new(exe);
+        self.domain_env(&mut cmd, domid);
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn vrdma-guest");
+        if let Ok(ctl) = SimControl::connect(self.host.dir()) {
+            let _ = ctl.adopt(domid, child.id());
+        }
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Guest {
+            child,
+            stdin,
+            lines: rx,
+            domid,
+        }
+    }
+
+    /// The numeric nodes under the backend's per-domain stats directory (`<back>/stats`),
+    /// as (name, value).
+    pub fn stats(&self, domid: DomId) -> Vec<(String, u64)> {
+        let dir = format!("{}/stats", self.back_dir(domid));
+        let names = self.dom0.directory(&dir).unwrap_or_default();
+        names
+            .into_iter()
+            .filter_map(|n| {
+                let v = self.dom0.read_string(&format!("{dir}/{n}")).ok()?;
+                Some((n, v.trim().parse().ok()?))
+            })
+            .collect()
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.backend.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A `vrdma-guest` process in a simulated domain.
+pub struct Guest {
+    child: Child,
+    stdin: ChildStdin,
+    lines: mpsc::Receiver<String>,
+    pub domid: DomId,
+}
+
+impl Guest {
+    /// Sends one command; `Ok(rest)` for `ok rest`, `Err(message)` for `err message`.
+    pub fn try_cmd(&mut self, line: &str) -> Result<String, String> {
+        writeln!(self.stdin, "{line}")
+            .and_then(|_| self.stdin.flush())
+            .unwrap_or_else(|e| panic!("guest in domain {} is gone: {e}", self.domid));
+        self.read_reply(line)
+    }
+
+    fn read_reply(&mut self, line: &str) -> Result<String, String> {
+        let reply = self
+            .lines
+            .recv_timeout(COMMAND_TIMEOUT)
+            .unwrap_or_else(|e| {
+                panic!("guest in domain {}: no answer to {line:?}: {e}", self.domid)
+            });
+        if let Some(rest) = reply.strip_prefix("ok") {
+            Ok(rest.trim().to_string())
+        } else if let Some(rest) = reply.strip_prefix("err") {
+            Err(rest.trim().to_string())
+        } else {
+            panic!("guest in domain {}: unexpected line {reply:?}", self.domid)
+        }
+    }
+
+    /// Sends one command that must succeed; returns what follows `ok`.
+    pub fn cmd(&mut self, line: &str) -> String {
+        match self.try_cmd(line) {
+            Ok(s) => s,
+            Err(e) => panic!("guest in domain {}: {line:?} failed: {e}", self.domid),
+        }
+    }
+
+    /// Sends a command without waiting for its answer.
+    pub fn send_only(&mut self, line: &str) {
+        writeln!(self.stdin, "{line}").expect("write to guest");
+        self.stdin.flush().expect("flush");
+    }
+
+    /// Waits for the next reply line (after [`Guest::send_only`]).
+    pub fn reply(&mut self) -> Result<String, String> {
+        self.read_reply("(previous command)")
+    }
+
+    /// Parses a `poll`/`wait` answer into work completions.
+    pub fn completions(reply: &str) -> Vec<Wc> {
+        reply
+            .split(';')
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                let f: Vec<&str> = s.split(',').collect();
+                Wc {
+                    wr_id: f[0].parse().unwrap(),
+                    status: f[1].to_string(),
+                    opcode: f[2].to_string(),
+                    byte_len: f[3].parse().unwrap(),
+                    imm: f[4].parse().ok(),
+                }
+            })
+            .collect()
+    }
+
+    /// Kills the process (SIGKILL: no polite close).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Asks the guest to exit (closing its channel politely) and waits for it.
+    pub fn exit(mut self) -> std::process::ExitStatus {
+        let _ = writeln!(self.stdin, "exit");
+        let _ = self.stdin.flush();
+        let _ = self.lines.recv_timeout(COMMAND_TIMEOUT);
+        wait_timeout(&mut self.child, COMMAND_TIMEOUT)
+    }
+}
+
+fn wait_timeout(child: &mut Child, t: Duration) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + t;
+    loop {
+        if let Ok(Some(s)) = child.try_wait() {
+            return s;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            return child.wait().expect("wait");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = writeln!(self.stdin, "exit");
+            let _ = self.stdin.flush();
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while std::time::Instant::now() < deadline {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A work completion as `vrdma-guest` prints it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wc {
+    pub wr_id: u64,
+    pub status: String,
+    pub opcode: String,
+    pub byte_len: u32,
+    pub imm: Option<u32>,
+}
+
+impl Wc {
+    pub fn ok(&self) -> bool {
+        self.status == "Success"
+    }
+}

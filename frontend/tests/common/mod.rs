@@ -155,8 +155,50 @@ pub struct BackState {
     pub fail_next: HashMap<Op, Status>,
     pub quota_qps: Option<usize>,
     pub closed: bool,
+    /// Mediated `PostSend` runs the toy engine.
+    pub mediated_engine: bool,
     pub evtchn: Option<Arc<EventChannel>>,
+    /// Mediated mode: CQEs waiting for `PollCq`, per CQ.
+    pub mediated_cqes: HashMap<u32, std::collections::VecDeque<[u8; 32]>>,
     keep: Vec<SharedRegion>,
+}
+
+impl BackState {
+    /// A toy engine step: every published SEND-queue WQE completes at once, successfully,
+    /// as a CQE on the QP's send CQ (bypass) or in the mediated queue. Returns how many.
+    pub fn run_engine(&mut self, mediated: bool) -> usize {
+        let mut n = 0;
+        let mut done = Vec::new();
+        for q in self.qps.values_mut() {
+            while let Ok(Some(raw)) = q.sq.pop() {
+                let wr_id = u64::from_le_bytes(raw[8..16].try_into().unwrap());
+                done.push((q.send_cq, q.qp_num, wr_id));
+            }
+            q.sq.release();
+        }
+        for (cq, qp_num, wr_id) in done {
+            let cqe = shared_ring::abi::cqe::CqeRepr {
+                wr_id,
+                status: shared_ring::abi::cqe::CqeStatus::Success,
+                opcode: shared_ring::abi::cqe::CqeOpcode::Send,
+                byte_len: 0,
+                imm_data: 0,
+                qp_num,
+                vendor_err: 0,
+                flags: 0,
+            };
+            if mediated {
+                self.mediated_cqes
+                    .entry(cq)
+                    .or_default()
+                    .push_back(cqe.to_bytes());
+            } else if let Some(c) = self.cqs.get_mut(&cq) {
+                c.writer.write_repr(&cqe).unwrap();
+            }
+            n += 1;
+        }
+        n
+    }
 }
 
 impl BackState {
@@ -441,11 +483,16 @@ fn answer(
         Request::PostSend { qp, prod } => match st.qps.get_mut(&qp) {
             Some(q) => {
                 q.posted_send.push(prod);
+                if st.mediated_engine {
+                    st.run_engine(true);
+                }
                 ok(Reply::Empty)
             }
             None => ResponseRepr::error(req.req_id, op, Status::BadHandle),
         },
-        Request::PollCq { .. } => ok(Reply::Poll(None)),
+        Request::PollCq { cq } => ok(Reply::Poll(
+            st.mediated_cqes.get_mut(&cq).and_then(|q| q.pop_front()),
+        )),
         _ => ResponseRepr::error(req.req_id, op, Status::NotSupported),
     }
 }

@@ -1,0 +1,369 @@
+//! `vrdma-guest`: a frontend application driven line by line on stdin, for the end-to-end
+//! tests. It runs inside a simulated domain (the test sets `VRDMA_SIM`, `VRDMA_SIM_DOMID`,
+//! `XENSTORED_PATH`) and answers every command with one line on stdout: `ok ...` or
+//! `err <message>`. Objects are named by the test.
+//!
+//! ```text
+//! open [bypass|mediated]             -> ok <domid> <channel>
+//! cq <name> <entries>                -> ok <handle>
+//! qp <name> <send-cq> <recv-cq> <sq> <rq>   -> ok <endpoint>
+//! mr <name> <len>                    -> ok <remote addr:len:rkey>
+//! connect <qp> <endpoint>            -> ok
+//! fill <mr> <seed> <off> <len>       -> ok          (pattern bytes)
+//! check <mr> <seed> <off> <len>      -> ok | err mismatch at <i>
+//! recv <qp> <mr> <off> <len> <wr_id>
+//! send <qp> <mr> <off> <len> <wr_id> [imm]
+//! inline <qp> <hex-bytes> <wr_id>
+//! write <qp> <mr> <off> <len> <remote> <wr_id> [imm]
+//! read <qp> <mr> <off> <len> <remote> <wr_id>
+//! rawsend <qp> <hex 64 bytes>        -> ok            (a garbage WQE)
+//! poll <cq> <n> <timeout_ms>         -> ok <wc>;<wc>... (busy-polls until n or timeout)
+//! wait <cq> <n> <timeout_ms>         -> ok <wc>;...    (blocking waits on the event channel)
+//! pingpong <qp> <cq> <mr> <len> <iters> <role:first|second>  -> ok <ns per round trip>
+//! loop <qp> <cq> <mr> <len>          -> (sends forever; for kill tests; prints "ok looping")
+//! burst <qp> <mr> <len> <n>         -> ok            (n SENDs back to back)
+//! notifications                      -> ok <n>
+//! drop <name>                        -> ok
+//! exit                               -> ok (then exits)
+//! ```
+//! A work completion prints as `wr_id,status,opcode,byte_len,imm` (imm `-` when absent).
+
+use std::collections::HashMap;
+use std::io::{BufRead, Write};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use vrdma::{
+    AccessFlags, CompletionQueue, Context, MemoryRegion, Mode, ProtectionDomain, QueuePair,
+    RemoteMr, WorkCompletion,
+};
+
+#[derive(Default)]
+struct Guest {
+    ctx: Option<Context>,
+    pd: Option<ProtectionDomain>,
+    cqs: HashMap<String, CompletionQueue>,
+    qps: HashMap<String, QueuePair>,
+    mrs: HashMap<String, MemoryRegion>,
+}
+
+/// The byte at index `i` of pattern `seed`.
+fn pattern(seed: u64, i: usize) -> u8 {
+    let x = (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ seed.wrapping_mul(31);
+    (x >> 29) as u8 ^ (i as u8)
+}
+
+fn wc_text(w: &WorkCompletion) -> String {
+    format!(
+        "{},{:?},{:?},{},{}",
+        w.wr_id,
+        w.status,
+        w.opcode,
+        w.byte_len,
+        w.imm_data.map_or("-".to_string(), |i| i.to_string())
+    )
+}
+
+fn num<T: std::str::FromStr>(a: &[&str], i: usize) -> Result<T> {
+    a.get(i)
+        .ok_or_else(|| anyhow!("missing argument {i}"))?
+        .parse()
+        .map_err(|_| anyhow!("argument {i} ({:?}) is not a number", a[i]))
+}
+
+fn hex(s: &str) -> Result<Vec<u8>> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).map_err(Into::into))
+        .collect()
+}
+
+impl Guest {
+    fn ctx(&self) -> Result<&Context> {
+        self.ctx.as_ref().context("open first")
+    }
+    fn cq(&mut self, n: &str) -> Result<&mut CompletionQueue> {
+        self.cqs.get_mut(n).with_context(|| format!("no CQ {n}"))
+    }
+    fn qp(&mut self, n: &str) -> Result<&mut QueuePair> {
+        self.qps.get_mut(n).with_context(|| format!("no QP {n}"))
+    }
+    fn mr(&self, n: &str) -> Result<&MemoryRegion> {
+        self.mrs.get(n).with_context(|| format!("no MR {n}"))
+    }
+
+    fn run(&mut self, a: &[&str]) -> Result<String> {
+        match a[0] {
+            "open" => {
+                let mut b = Context::builder();
+                match a.get(1) {
+                    Some(&"mediated") => b = b.mode(Mode::Mediated),
+                    Some(&"bypass") => b = b.mode(Mode::Bypass),
+                    _ => {}
+                }
+                let ctx = b.open()?;
+                let out = format!("{} {}", ctx.domid().0, ctx.channel());
+                self.pd = Some(ctx.alloc_pd()?);
+                self.ctx = Some(ctx);
+                Ok(out)
+            }
+            "cq" => {
+                let cq = self.ctx()?.create_cq(num(a, 2)?)?;
+                let h = cq.handle();
+                self.cqs.insert(a[1].into(), cq);
+                Ok(h.to_string())
+            }
+            "qp" => {
+                let pd = self.pd.as_ref().context("open first")?;
+                let s = self.cqs.get(a[2]).context("no send CQ")?;
+                let r = self.cqs.get(a[3]).context("no recv CQ")?;
+                let qp = pd
+                    .create_qp(s, r)
+                    .sq_size(num(a, 4)?)
+                    .rq_size(num(a, 5)?)
+                    .build()?;
+                let ep = qp.endpoint().to_string();
+                self.qps.insert(a[1].into(), qp);
+                Ok(ep)
+            }
+            "mr" => {
+                let pd = self.pd.as_ref().context("open first")?;
+                let mr = pd.alloc_mr(num(a, 2)?, AccessFlags::ALL)?;
+                let r = mr.remote().to_string();
+                self.mrs.insert(a[1].into(), mr);
+                Ok(r)
+            }
+            "connect" => {
+                let ep = a[2].parse()?;
+                self.qp(a[1])?.connect(&ep)?;
+                Ok(String::new())
+            }
+            "fill" => {
+                let (seed, off, len): (u64, usize, usize) = (num(a, 2)?, num(a, 3)?, num(a, 4)?);
+                let data: Vec<u8> = (0..len).map(|i| pattern(seed, i)).collect();
+                self.mr(a[1])?.write(off, &data)?;
+                Ok(String::new())
+            }
+            "check" => {
+                let (seed, off, len): (u64, usize, usize) = (num(a, 2)?, num(a, 3)?, num(a, 4)?);
+                let mut buf = vec![0u8; len];
+                self.mr(a[1])?.read(off, &mut buf)?;
+                match (0..len).find(|&i| buf[i] != pattern(seed, i)) {
+                    None => Ok(String::new()),
+                    Some(i) => bail!("mismatch at {i}: {:#x} != {:#x}", buf[i], pattern(seed, i)),
+                }
+            }
+            "recv" | "send" => {
+                let (off, len, wr_id): (usize, usize, u64) = (num(a, 3)?, num(a, 4)?, num(a, 5)?);
+                let mr = self.mrs.get(a[2]).context("no MR")?;
+                let qp = self.qps.get_mut(a[1]).context("no QP")?;
+                let s = [mr.slice(off..off + len)];
+                let sl: &[_] = if len == 0 { &[] } else { &s };
+                match (a[0], a.get(6)) {
+                    ("recv", _) => qp.post_recv(sl, wr_id)?,
+                    (_, Some(imm)) => qp.post_send_with_imm(sl, imm.parse()?, wr_id)?,
+                    _ => qp.post_send(sl, wr_id)?,
+                }
+                Ok(String::new())
+            }
+            "inline" => {
+                let data = hex(a[2])?;
+                let wr_id = num(a, 3)?;
+                self.qp(a[1])?.post_send_inline(&data, wr_id)?;
+                Ok(String::new())
+            }
+            "write" | "read" => {
+                let (off, len): (usize, usize) = (num(a, 3)?, num(a, 4)?);
+                let remote: RemoteMr = a[5].parse()?;
+                let wr_id = num(a, 6)?;
+                let mr = self.mrs.get(a[2]).context("no MR")?;
+                let qp = self.qps.get_mut(a[1]).context("no QP")?;
+                let s = [mr.slice(off..off + len)];
+                match (a[0], a.get(7)) {
+                    ("read", _) => qp.post_read(&s, remote, wr_id)?,
+                    (_, Some(imm)) => qp.post_write_with_imm(&s, remote, imm.parse()?, wr_id)?,
+                    _ => qp.post_write(&s, remote, wr_id)?,
+                }
+                Ok(String::new())
+            }
+            "rawsend" => {
+                let b = hex(a[2])?;
+                let slot: [u8; 64] = b.try_into().map_err(|_| anyhow!("need 64 bytes"))?;
+                self.qp(a[1])?.post_raw_send_slot(&slot)?;
+                Ok(String::new())
+            }
+            "poll" | "wait" => {
+                let n: usize = num(a, 2)?;
+                let deadline = Instant::now() + Duration::from_millis(num(a, 3)?);
+                let blocking = a[0] == "wait";
+                let cq = self.cq(a[1])?;
+                let mut got = Vec::new();
+                let mut wc = [WorkCompletion::default(); 16];
+                while got.len() < n && Instant::now() < deadline {
+                    let done = if blocking {
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        cq.wait(&mut wc[..(n - got.len()).min(16)], Some(left))?
+                    } else {
+                        cq.poll(&mut wc[..(n - got.len()).min(16)])?
+                    };
+                    got.extend(done.iter().map(wc_text));
+                }
+                Ok(got.join(";"))
+            }
+            "pingpong" => {
+                let (len, iters): (usize, u64) = (num(a, 4)?, num(a, 5)?);
+                let first = a[6] == "first";
+                let mr = self.mrs.get(a[3]).context("no MR")?;
+                let qp = self.qps.get_mut(a[1]).context("no QP")?;
+                let cq = self.cqs.get_mut(a[2]).context("no CQ")?;
+                pingpong(qp, cq, mr, len, iters, first)
+            }
+            "burst" => {
+                // n back-to-back SENDs of `len` bytes from offset 0 (no polling in between).
+                let (len, n): (usize, u64) = (num(a, 3)?, num(a, 4)?);
+                let mr = self.mrs.get(a[2]).context("no MR")?;
+                let qp = self.qps.get_mut(a[1]).context("no QP")?;
+                for i in 0..n {
+                    qp.post_send(&[mr.slice(0..len)], i)?;
+                }
+                Ok(String::new())
+            }
+            "notifications" => Ok(self.ctx()?.notifications_sent().to_string()),
+            "drop" => {
+                let n = a[1];
+                let found = self.qps.remove(n).is_some()
+                    | self.mrs.remove(n).is_some()
+                    | self.cqs.remove(n).is_some();
+                if !found {
+                    bail!("nothing named {n}");
+                }
+                Ok(String::new())
+            }
+            other => bail!("unknown command {other:?}"),
+        }
+    }
+}
+
+/// SEND ping-pong: each side keeps one receive posted; `first` sends first. Returns the mean
+/// round trip in ns (busy-polling).
+fn pingpong(
+    qp: &mut QueuePair,
+    cq: &mut CompletionQueue,
+    mr: &MemoryRegion,
+    len: usize,
+    iters: u64,
+    first: bool,
+) -> Result<String> {
+    let mut wc = [WorkCompletion::default(); 4];
+    let send = mr.slice(0..len);
+    let recv = mr.slice(len..2 * len);
+    let mut wait_for = |cq: &mut CompletionQueue, want: vrdma::WcOpcode| -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            for w in cq.poll(&mut wc)?.iter() {
+                if !w.is_ok() {
+                    bail!("completion failed: {}", wc_text(w));
+                }
+                if w.opcode == want {
+                    return Ok(());
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("pingpong: no completion in 30 s");
+            }
+        }
+    };
+    qp.post_recv(&[recv], 0)?;
+    let start = Instant::now();
+    for i in 0..iters {
+        if first {
+            qp.post_send(&[send], i)?;
+            wait_for(cq, vrdma::WcOpcode::Send)?;
+            wait_for(cq, vrdma::WcOpcode::Recv)?;
+            qp.post_recv(&[recv], i)?;
+        } else {
+            wait_for(cq, vrdma::WcOpcode::Recv)?;
+            qp.post_recv(&[recv], i)?;
+            qp.post_send(&[send], i)?;
+            wait_for(cq, vrdma::WcOpcode::Send)?;
+        }
+    }
+    Ok(format!(
+        "{}",
+        start.elapsed().as_nanos() / u128::from(iters.max(1))
+    ))
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let mut g = Guest::default();
+    let stdin = std::io::stdin();
+    let mut out = std::io::stdout();
+    for line in stdin.lock().lines() {
+        let Ok(line) = line else { break };
+        let args: Vec<&str> = line.split_whitespace().collect();
+        if args.is_empty() {
+            continue;
+        }
+        if args[0] == "exit" {
+            let _ = writeln!(out, "ok");
+            break;
+        }
+        if args[0] == "loop" {
+            let r = send_loop(&mut g, &args, &mut out);
+            let _ = writeln!(out, "err {:#}", r.unwrap_err());
+            continue;
+        }
+        let reply = match g.run(&args) {
+            Ok(s) if s.is_empty() => "ok".to_string(),
+            Ok(s) => format!("ok {s}"),
+            Err(e) => format!("err {e:#}"),
+        };
+        let _ = writeln!(out, "{reply}");
+        let _ = out.flush();
+    }
+    // Dropping everything closes the channel politely.
+    drop(g);
+}
+
+/// Sends `len`-byte messages on `qp` forever (the peer must keep receives posted), reporting
+/// `ok looping` once the first completion arrived. Only returns on error.
+fn send_loop(g: &mut Guest, a: &[&str], out: &mut std::io::Stdout) -> Result<()> {
+    let len: usize = num(a, 4)?;
+    let mr = g.mrs.get(a[3]).context("no MR")?;
+    let qp = g.qps.get_mut(a[1]).context("no QP")?;
+    let cq = g.cqs.get_mut(a[2]).context("no CQ")?;
+    let mut wc = [WorkCompletion::default(); 16];
+    let mut outstanding = 0u32;
+    let mut told = false;
+    let mut i = 0u64;
+    loop {
+        while outstanding < 8 {
+            match qp.post_send(&[mr.slice(0..len)], i) {
+                Ok(()) => {
+                    outstanding += 1;
+                    i += 1;
+                }
+                Err(vrdma::Error::QueueFull { .. }) => break,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        for w in cq.poll(&mut wc)?.iter() {
+            if !w.is_ok() {
+                bail!("completion failed: {}", wc_text(w));
+            }
+            outstanding -= 1;
+            if !told {
+                writeln!(out, "ok looping")?;
+                out.flush()?;
+                told = true;
+            }
+        }
+    }
+}
