@@ -33,8 +33,10 @@ fn connect(a: &mut Guest, b: &mut Guest, q: &str, c: &str, m: &str) -> (String, 
     }
     let ea = a.cmd(&format!("qp {q} {c} {c} 32 32"));
     let eb = b.cmd(&format!("qp {q} {c} {c} 32 32"));
-    a.cmd(&format!("connect {q} {eb}"));
+    // The backend answers Connect when both sides connected: a waits while b connects.
+    a.send_only(&format!("connect {q} {eb}"));
     b.cmd(&format!("connect {q} {ea}"));
+    a.reply().expect("connect");
     let ra = a.cmd(&format!("mr {m} {MAX_MSG}"));
     let rb = b.cmd(&format!("mr {m} {MAX_MSG}"));
     (ra, rb)
@@ -158,8 +160,9 @@ fn many(mode: &str) {
         }
         let ea = a.cmd(&format!("qp {q} {c} {c} 8 8"));
         let eb = b.cmd(&format!("qp {q} {c} {c} 8 8"));
-        a.cmd(&format!("connect {q} {eb}"));
+        a.send_only(&format!("connect {q} {eb}"));
         b.cmd(&format!("connect {q} {ea}"));
+        a.reply().expect("connect");
     }
     for k in 0..N {
         b.cmd(&format!("recv q{k} m {} 100 {k}", k * 100));
