@@ -6,7 +6,8 @@
 pub struct Quotas {
     /// `nodes`: nodes a domain may own (xenstored `-E`, 1000). Exceeding it: `ENOSPC`.
     pub nodes: u32,
-    /// `node-size`: largest value a domain may store, in bytes (xenstored `-S`, 2048).
+    /// `node-size`: largest node record a domain may write — header, permissions, value and
+    /// children names, as xenstored counts it (`-S`, 2048).
     /// Exceeding it: `ENOSPC`.
     pub node_size: u32,
     /// `watches`: watches per domain (xenstored `-W`, 128). Exceeding it: `E2BIG`, as 4.17.

@@ -135,9 +135,9 @@ pub(crate) fn write(
 ) -> Result<(), XsErrno> {
     match check(view, caller, path, WRITE) {
         Ok(()) => {
-            check_size(caller, quotas, value)?;
             let mut node = node(view, path).clone();
             node.value = value.to_vec();
+            check_size(caller, quotas, &node)?;
             let perms = event_perms(view, path, &node.perms);
             view.set(path, node);
             events.push(Event {
@@ -147,16 +147,22 @@ pub(crate) fn write(
             });
             Ok(())
         }
-        Err(XsErrno::ENOENT) => {
-            check_size(caller, quotas, value)?;
-            create(view, caller, quotas, path, value, events)
-        }
+        Err(XsErrno::ENOENT) => create(view, caller, quotas, path, value, events),
         Err(e) => Err(e),
     }
 }
 
-fn check_size(caller: &Caller, quotas: &Quotas, value: &[u8]) -> Result<(), XsErrno> {
-    if !caller.privileged() && value.len() > quotas.node_size as usize {
+/// The size xenstored charges a node against `node-size`: its whole database record — a
+/// 24-byte header, 8 bytes per permission, the value and the nul-terminated children names.
+/// So a domain's directory can only list so many children.
+fn record_size(node: &Node) -> usize {
+    24 + 8 * node.perms.0.len()
+        + node.value.len()
+        + node.children.iter().map(|c| c.len() + 1).sum::<usize>()
+}
+
+fn check_size(caller: &Caller, quotas: &Quotas, node: &Node) -> Result<(), XsErrno> {
+    if !caller.privileged() && record_size(node) > quotas.node_size as usize {
         return Err(XsErrno::ENOSPC);
     }
     Ok(())
@@ -197,8 +203,17 @@ fn create(
     {
         return Err(XsErrno::ENOSPC);
     }
-    let mut parent_path = top.to_owned();
+    // Sizes are checked before anything changes: the existing parent gains a child name and
+    // the new leaf holds the value (the nodes in between hold one short name each).
     let mut parent_node = node(view, top).clone();
+    let first_new = missing.last().copied().unwrap_or(path);
+    parent_node.children.push(basename(first_new).to_owned());
+    check_size(caller, quotas, &parent_node)?;
+    parent_node.children.pop();
+    let mut leaf = Node::new(parent_node.perms.clone());
+    leaf.value = value.to_vec();
+    check_size(caller, quotas, &leaf)?;
+    let mut parent_path = top.to_owned();
     for (i, name) in missing.iter().rev().enumerate() {
         let mut perms = parent_node.perms.clone();
         if !caller.privileged() {

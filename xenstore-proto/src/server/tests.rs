@@ -544,11 +544,43 @@ fn transactions_isolate_commit_and_conflict() {
 }
 
 #[test]
+fn node_size_counts_children_names_as_xenstored_does() {
+    // Seen on real xenstored 4.17: a domU's directory stops growing when its record (children
+    // names included) passes node-size.
+    let mut f = Fixture::with(Config::default());
+    let dom0 = f.store.open(0);
+    domain_home(&mut f, dom0, 6);
+    f.set_perms(dom0, "/local/domain/6", &[perm(PermKind::None, 6)])
+        .unwrap();
+    let d6 = f.store.open(6);
+    f.write(d6, "big", "").unwrap();
+    // 1 permission: 24 + 8 + 28 per child name fits 72 children in 2048 bytes, not 73.
+    for i in 0..72 {
+        f.write(d6, &format!("big/child-with-a-long-name-{i:04}"), "")
+            .unwrap();
+    }
+    assert_eq!(
+        f.write(d6, "big/child-with-a-long-name-0072", ""),
+        Err(XsErrno::ENOSPC)
+    );
+    // dom0 has no quota.
+    for i in 72..100 {
+        f.write(
+            dom0,
+            &format!("/local/domain/6/big/child-with-a-long-name-{i:04}"),
+            "",
+        )
+        .unwrap();
+    }
+}
+
+#[test]
 fn quotas_and_their_errors() {
     let mut f = Fixture::with(Config {
         quotas: Quotas {
             nodes: 3,
-            node_size: 8,
+            // A record: 24-byte header + 8 per permission + value + children names.
+            node_size: 40,
             watches: 2,
             transactions: 1,
             node_permissions: 2,
