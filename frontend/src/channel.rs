@@ -29,12 +29,16 @@ pub(crate) mod state {
     pub const CLOSED: u32 = 6;
 }
 
+/// Doorbell pages a channel may map (the backend's limit is the same).
+const MAX_DOORBELL_PAGES: usize = 1024;
+
 /// Offset of the alive byte in the control-ring page (the ring header's private area).
 pub(crate) const ALIVE_BYTE: usize = 16;
 
 /// What the caller asked of the channel.
 pub(crate) struct ChannelConfig {
     pub devid: u32,
+    pub mode: crate::Mode,
     pub timeout: Duration,
     pub close_timeout: Duration,
 }
@@ -60,7 +64,11 @@ pub(crate) struct Channel {
     pub limits: PublishedLimits,
     pub hub: EventHub,
     pub control: Control,
+    /// Doorbell page 0 (the `Init` page, with the engine's sleep word).
     pub doorbell: DoorbellPage,
+    /// Every doorbell page mapped so far, by page number (slot / `slots_per_page`).
+    doorbell_pages: Mutex<Vec<Option<DoorbellPage>>>,
+    slots_per_page: u32,
     events: Mutex<Consumer<EVENT_LEN>>,
     pending: Mutex<Vec<AsyncEvent>>,
     lost: AtomicBool,
@@ -275,6 +283,11 @@ impl Channel {
                 &format!("{front_chan}/pid"),
                 std::process::id().to_string().as_bytes(),
             )?;
+            let mode: &[u8] = match cfg.mode {
+                crate::Mode::Bypass => b"bypass",
+                crate::Mode::Mediated => b"mediated",
+            };
+            tx.write(&format!("{front_chan}/mode"), mode)?;
             tx.write(
                 &format!("{front_chan}/state"),
                 state::INITIALISED.to_string().as_bytes(),
@@ -303,7 +316,7 @@ impl Channel {
 
         let hub = EventHub::new(evtchn);
         let control = Control::new(ring, cfg.timeout);
-        let (version, doorbell_gref, event_gref) = match control.call(
+        let (version, doorbell_gref, event_gref, doorbell_slots) = match control.call(
             &hub,
             Request::Init {
                 version: PROTOCOL_VERSION,
@@ -313,8 +326,8 @@ impl Channel {
                 version,
                 doorbell_gref,
                 event_gref,
-                ..
-            } => (version, doorbell_gref, event_gref),
+                doorbell_slots,
+            } => (version, doorbell_gref, event_gref, doorbell_slots),
             r => return Err(Error::protocol(format!("Init answered with {r:?}"))),
         };
         if version != PROTOCOL_VERSION {
@@ -324,6 +337,12 @@ impl Channel {
         }
         let db_region = crate::shm::map(&platform, backend, &[doorbell_gref], Access::ReadWrite)?;
         let doorbell = DoorbellPage::open(db_region, PROTOCOL_VERSION)?;
+        if doorbell_slots == 0 || doorbell_slots != doorbell.slots() {
+            return Err(Error::protocol(format!(
+                "Init says {doorbell_slots} doorbell slots per page, the page has {}",
+                doorbell.slots()
+            )));
+        }
         let event_page = crate::shm::map(&platform, backend, &[event_gref], Access::ReadWrite)?;
         let events = event_ring::consumer(&event_page)?;
         tracing::info!(
@@ -344,6 +363,8 @@ impl Channel {
             limits,
             hub,
             control,
+            doorbell_pages: Mutex::new(vec![Some(doorbell.clone())]),
+            slots_per_page: doorbell_slots,
             doorbell,
             events: Mutex::new(events),
             pending: Mutex::new(Vec::new()),
@@ -478,6 +499,41 @@ impl Channel {
         }
         let grefs = walker.into_grefs();
         crate::shm::map(&self.platform, self.backend, &grefs, access)
+    }
+
+    /// The doorbell page holding channel slot `slot` and the slot's number in it. `gref` is the
+    /// page's grant as the backend's `CreateCq`/`CreateQp` answer gave it; a page not seen
+    /// before is mapped (the backend grants pages on demand; they stay until the channel goes).
+    pub(crate) fn doorbell_slot(&self, slot: u32, gref: u32) -> Result<(DoorbellPage, u32)> {
+        let page = (slot / self.slots_per_page) as usize;
+        let k = slot % self.slots_per_page;
+        if page >= MAX_DOORBELL_PAGES {
+            return Err(Error::protocol(format!(
+                "doorbell slot {slot} is on page {page}; at most {MAX_DOORBELL_PAGES} pages exist"
+            )));
+        }
+        let mut pages = self
+            .doorbell_pages
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if pages.len() <= page {
+            pages.resize(page + 1, None);
+        }
+        if pages[page].is_none() {
+            let region = crate::shm::map(&self.platform, self.backend, &[gref], Access::ReadWrite)?;
+            let db = DoorbellPage::open(region, PROTOCOL_VERSION)?;
+            if db.slots() != self.slots_per_page {
+                return Err(Error::protocol(format!(
+                    "doorbell page {page} has {} slots, page 0 has {}",
+                    db.slots(),
+                    self.slots_per_page
+                )));
+            }
+            tracing::debug!(channel = self.index, page, "doorbell page mapped");
+            pages[page] = Some(db);
+        }
+        let db = pages[page].clone().expect("mapped above");
+        Ok((db, k))
     }
 
     /// Notifies the backend (kicks a sleeping engine).

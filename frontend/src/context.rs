@@ -149,6 +149,7 @@ impl ContextBuilder {
             platform,
             &ChannelConfig {
                 devid: self.devid,
+                mode,
                 timeout: self.timeout,
                 close_timeout: self.close_timeout,
             },

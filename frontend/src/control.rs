@@ -1,15 +1,20 @@
-//! The control-ring client: one request at a time, matched to its response by `req_id`.
+//! The control-ring client: many requests in flight, each matched to its response by `req_id`
+//! (responses may come out of order: the backend answers `Connect` only when the QP is
+//! connected), safe to use from several threads at once.
 //!
 //! The ring is the `io/ring.h` front end from `shared-ring`; notifications follow its hold-off
 //! rules (`push_requests_and_check_notify`, `final_check_for_responses`), so a busy backend
-//! is not notified per request and we are not woken per response. A waiting caller spins
-//! briefly (the backend usually answers within microseconds), then blocks on the channel's
-//! event channel.
+//! is not notified per request and we are not woken per response. Whoever holds the lock
+//! drains every response on the ring and files it under its `req_id`; a waiter spins briefly
+//! (the backend usually answers within microseconds), then blocks on the channel's event
+//! channel. A thread that files a response for another waiter (or frees a ring slot someone
+//! waits for) wakes the sleepers. When all ring slots are taken, callers wait for one.
 
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use shared_ring::abi::control::{Reply, Request, RequestRepr, ResponseRepr, Status};
+use shared_ring::abi::control::{Op, Reply, Request, RequestRepr, ResponseRepr, Status};
 use shared_ring::ControlFrontRing;
 
 use crate::error::{Error, Result};
@@ -27,56 +32,145 @@ pub(crate) struct Control {
 struct State {
     ring: ControlFrontRing,
     next_id: u32,
+    /// Requests on the ring whose caller still waits: req_id → op.
+    waiting: HashMap<u32, Op>,
+    /// Responses filed for their waiter.
+    done: HashMap<u32, Result<Reply>>,
+    /// Callers blocked on the event channel (to be woken when their answer is filed by
+    /// another thread or a ring slot frees up).
+    sleepers: usize,
+}
+
+impl State {
+    /// Moves every response on the ring to `done`. Returns how many were taken off the ring.
+    fn drain(&mut self) -> Result<usize> {
+        let mut n = 0;
+        while let Some(raw) = self.ring.next_response()? {
+            n += 1;
+            let rsp = match ResponseRepr::parse(&raw) {
+                Ok(r) => r,
+                Err(e) => {
+                    // A response we cannot read: nobody can be matched to it, so the channel
+                    // is unusable for whoever waits; tell them all.
+                    let why = format!("unparsable control response: {e}");
+                    for id in self.waiting.keys().copied().collect::<Vec<_>>() {
+                        self.done.insert(id, Err(Error::protocol(why.clone())));
+                    }
+                    self.waiting.clear();
+                    continue;
+                }
+            };
+            let Some(op) = self.waiting.remove(&rsp.req_id) else {
+                // A late answer to a request whose caller gave up (timeout).
+                tracing::warn!(
+                    req_id = rsp.req_id,
+                    "discarding a control response nobody waits for"
+                );
+                continue;
+            };
+            let r = if rsp.op != op {
+                Err(Error::protocol(format!(
+                    "response to {op:?} request {} claims to answer {:?}",
+                    rsp.req_id, rsp.op
+                )))
+            } else {
+                match rsp.status {
+                    Status::Ok => Ok(rsp.reply),
+                    status => Err(Error::Backend { op, status }),
+                }
+            };
+            self.done.insert(rsp.req_id, r);
+        }
+        Ok(n)
+    }
+
+    /// A fresh request id not in use.
+    fn take_id(&mut self) -> u32 {
+        loop {
+            let id = self.next_id;
+            self.next_id = self.next_id.wrapping_add(1).max(1);
+            if !self.waiting.contains_key(&id) && !self.done.contains_key(&id) {
+                return id;
+            }
+        }
+    }
 }
 
 impl Control {
     pub(crate) fn new(ring: ControlFrontRing, timeout: Duration) -> Control {
         Control {
-            state: Mutex::new(State { ring, next_id: 1 }),
+            state: Mutex::new(State {
+                ring,
+                next_id: 1,
+                waiting: HashMap::new(),
+                done: HashMap::new(),
+                sleepers: 0,
+            }),
             timeout,
         }
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Sends `request` and waits for its response. A response with an error status is
-    /// [`Error::Backend`]; no response within the timeout is [`Error::Timeout`].
+    /// [`Error::Backend`]; no response within the timeout is [`Error::Timeout`]. Any number of
+    /// threads may call at once; with every ring slot taken, a call waits for a free one.
     pub(crate) fn call(&self, signal: &dyn Signal, request: Request) -> Result<Reply> {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let req_id = st.next_id;
-        st.next_id = st.next_id.wrapping_add(1).max(1);
         let op = request.op();
-        let slot = RequestRepr { req_id, request }.to_bytes();
-        st.ring.write_request(&slot)?;
-        if st.ring.push_requests_and_check_notify() {
-            signal.notify()?;
-        }
         let start = Instant::now();
         let deadline = start + self.timeout;
+        let timeout = || Error::Timeout {
+            what: format!("the backend's answer to {op:?}"),
+            timeout_ms: self.timeout.as_millis() as u64,
+        };
+
+        // 1. A ring slot, then the request on the ring.
+        let req_id = loop {
+            let epoch = signal.epoch();
+            let mut st = self.lock();
+            if st.drain()? > 0 && st.sleepers > 0 {
+                signal.wake_all();
+            }
+            if !st.ring.is_full() {
+                let req_id = st.take_id();
+                let slot = RequestRepr { req_id, request }.to_bytes();
+                st.ring.write_request(&slot)?;
+                st.waiting.insert(req_id, op);
+                if st.ring.push_requests_and_check_notify() {
+                    drop(st);
+                    signal.notify()?;
+                }
+                break req_id;
+            }
+            if Instant::now() >= deadline {
+                return Err(timeout());
+            }
+            if st.ring.final_check_for_responses()? {
+                continue;
+            }
+            st.sleepers += 1;
+            drop(st);
+            let r = signal.wait_after(epoch, Some(deadline));
+            self.lock().sleepers -= 1;
+            r?;
+        };
+
+        // 2. Its answer.
         loop {
             let epoch = signal.epoch();
-            while let Some(raw) = st.ring.next_response()? {
-                let rsp = ResponseRepr::parse(&raw)?;
-                if rsp.req_id != req_id {
-                    // Only one request is ever outstanding; anything else is a late answer to
-                    // a request that timed out.
-                    tracing::warn!(
-                        req_id = rsp.req_id,
-                        "discarding a control response nobody waits for"
-                    );
-                    continue;
-                }
-                if rsp.op != op {
-                    return Err(Error::protocol(format!(
-                        "response to {op:?} request {req_id} claims to answer {:?}",
-                        rsp.op
-                    )));
-                }
-                return match rsp.status {
-                    Status::Ok => Ok(rsp.reply),
-                    status => Err(Error::Backend { op, status }),
-                };
+            let mut st = self.lock();
+            if st.drain()? > 0 && st.sleepers > 0 {
+                // Answers (or free slots) for others: wake whoever sleeps.
+                signal.wake_all();
+            }
+            if let Some(r) = st.done.remove(&req_id) {
+                return r;
             }
             let now = Instant::now();
             if now - start < SPIN {
+                drop(st);
                 std::hint::spin_loop();
                 continue;
             }
@@ -84,12 +178,14 @@ impl Control {
                 continue;
             }
             if now >= deadline {
-                return Err(Error::Timeout {
-                    what: format!("the backend's answer to {op:?}"),
-                    timeout_ms: self.timeout.as_millis() as u64,
-                });
+                st.waiting.remove(&req_id);
+                return Err(timeout());
             }
-            signal.wait_after(epoch, Some(deadline))?;
+            st.sleepers += 1;
+            drop(st);
+            let r = signal.wait_after(epoch, Some(deadline));
+            self.lock().sleepers -= 1;
+            r?;
         }
     }
 }
@@ -119,6 +215,10 @@ mod tests {
         }
         fn epoch(&self) -> u64 {
             *self.0.to_front.0.lock().unwrap()
+        }
+        fn wake_all(&self) {
+            *self.0.to_front.0.lock().unwrap() += 1;
+            self.0.to_front.1.notify_all();
         }
         fn wait_after(&self, seen: u64, deadline: Option<Instant>) -> Result<bool> {
             let d = deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(1));
@@ -240,6 +340,90 @@ mod tests {
         assert!(matches!(e, Error::Protocol(_)), "{e}");
         stop.store(true, Ordering::Relaxed);
         h.join().unwrap();
+    }
+
+    /// Many threads, more requests than ring slots, answers in reverse order and in batches:
+    /// each caller gets its own answer.
+    #[test]
+    fn concurrent_callers_get_their_own_out_of_order_answers() {
+        let region = SharedRegion::alloc(4096).unwrap();
+        let ring = ControlFrontRing::init(region.clone()).unwrap();
+        let ctl = Arc::new(Control::new(ring, Duration::from_secs(60)));
+        let pair = Arc::new(Pair::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let back = {
+            let (pair, stop) = (pair.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut back = ControlBackRing::new(region).unwrap();
+                let mut held: Vec<RequestRepr> = Vec::new();
+                let mut idle = 0;
+                let mut served = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let mut got = false;
+                    while let Some(raw) = back.next_request().unwrap() {
+                        held.push(RequestRepr::parse(&raw).unwrap());
+                        got = true;
+                    }
+                    idle = if got { 0 } else { idle + 1 };
+                    // Answer in batches of 8 (newest first), or whatever is held when idle.
+                    if held.len() >= 8 || (idle > 3 && !held.is_empty()) {
+                        let mut notify = false;
+                        while let Some(req) = held.pop() {
+                            let Request::QueryPort { port } = req.request else {
+                                panic!("{req:?}")
+                            };
+                            let rsp = ResponseRepr {
+                                req_id: req.req_id,
+                                op: Op::QueryPort,
+                                status: Status::Ok,
+                                reply: Reply::Port {
+                                    state: port,
+                                    active_mtu: 0,
+                                    speed_mbps: 0,
+                                    gid: [0; 16],
+                                },
+                            };
+                            back.write_response(&rsp.to_bytes()).unwrap();
+                            notify |= back.push_responses_and_check_notify();
+                            served += 1;
+                        }
+                        if notify {
+                            *pair.to_front.0.lock().unwrap() += 1;
+                            pair.to_front.1.notify_all();
+                        }
+                    }
+                    if !back.final_check_for_requests().unwrap() {
+                        let g = pair.to_back.0.lock().unwrap();
+                        let _ = pair
+                            .to_back
+                            .1
+                            .wait_timeout(g, Duration::from_millis(2))
+                            .unwrap();
+                    }
+                }
+                served
+            })
+        };
+        let threads: Vec<_> = (0..48u32)
+            .map(|t| {
+                let (ctl, pair) = (ctl.clone(), pair.clone());
+                std::thread::spawn(move || {
+                    let front = Front(pair);
+                    for i in 0..20u32 {
+                        let port = t * 1000 + i;
+                        match ctl.call(&front, Request::QueryPort { port }).unwrap() {
+                            Reply::Port { state, .. } => assert_eq!(state, port),
+                            r => panic!("{r:?}"),
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+        assert_eq!(back.join().unwrap(), 48 * 20);
     }
 
     #[test]

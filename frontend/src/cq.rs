@@ -106,7 +106,7 @@ impl CompletionQueue {
                 "a CQ of {min_cqe} entries is larger than the protocol allows (2^{MAX_QUEUE_LOG2})"
             )));
         }
-        let (handle, slot, got_log2, pages) = match ctx.chan.call(Request::CreateCq {
+        let (handle, slot, got_log2, pages, db_gref) = match ctx.chan.call(Request::CreateCq {
             cqe_log2: log2 as u8,
         })? {
             Reply::Cq {
@@ -114,14 +114,16 @@ impl CompletionQueue {
                 doorbell_slot,
                 cqe_log2,
                 pages,
-            } => (cq, doorbell_slot, cqe_log2, pages),
+                doorbell_gref,
+            } => (cq, doorbell_slot, cqe_log2, pages, doorbell_gref),
             r => return Err(Error::protocol(format!("CreateCq answered with {r:?}"))),
         };
         // From here the backend holds a CQ: destroy it if we cannot use it.
         let made = (|| {
             let region = ctx.chan.map_page_list(&pages, Access::ReadOnly)?;
             let slots = region.slots::<CQE_LEN>(0, 1usize << got_log2)?;
-            let db = ctx.chan.doorbell.cq(slot)?;
+            let (page, k) = ctx.chan.doorbell_slot(slot, db_gref)?;
+            let db = page.cq(k)?;
             Ok::<_, Error>((region, CqPoller::new(slots, db)))
         })();
         let (region, poller) = match made {

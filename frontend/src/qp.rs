@@ -167,6 +167,7 @@ impl<'a> QueuePairBuilder<'a> {
             sq_log2,
             rq_log2,
             pages,
+            doorbell_gref,
         } = reply
         else {
             return Err(Error::protocol(format!("CreateQp answered with {reply:?}")));
@@ -183,8 +184,10 @@ impl<'a> QueuePairBuilder<'a> {
                 )));
             }
             let region = ctx.chan.map_page_list(&pages, Access::ReadWrite)?;
-            let sq_db = ctx.chan.doorbell.queue(sq_slot)?;
-            let rq_db = ctx.chan.doorbell.queue(rq_slot)?;
+            let (sq_page, sq_k) = ctx.chan.doorbell_slot(sq_slot, doorbell_gref)?;
+            let (rq_page, rq_k) = ctx.chan.doorbell_slot(rq_slot, doorbell_gref)?;
+            let sq_db = sq_page.queue(sq_k)?;
+            let rq_db = rq_page.queue(rq_k)?;
             let sq = WqProducer::new(
                 region.slots::<WQE_LEN>(0, 1usize << sq_log2)?,
                 sq_db.prod,

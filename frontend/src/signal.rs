@@ -25,6 +25,8 @@ pub(crate) trait Signal: Send + Sync {
     fn notify(&self) -> Result<()>;
     /// The current epoch (bumped for every batch of events received).
     fn epoch(&self) -> u64;
+    /// Bumps the epoch and wakes every waiter (another thread found something they wait for).
+    fn wake_all(&self);
     /// Waits until the epoch differs from `seen` (true) or `deadline` passes (false). Returns
     /// after at most [`MAX_BLOCK`] in any case (false), so callers re-check.
     fn wait_after(&self, seen: u64, deadline: Option<Instant>) -> Result<bool>;
@@ -75,6 +77,13 @@ impl Signal for EventHub {
 
     fn epoch(&self) -> u64 {
         self.lock().epoch
+    }
+
+    fn wake_all(&self) {
+        let mut st = self.lock();
+        st.epoch = st.epoch.wrapping_add(1);
+        drop(st);
+        self.cv.notify_all();
     }
 
     fn wait_after(&self, seen: u64, deadline: Option<Instant>) -> Result<bool> {

@@ -11,10 +11,11 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use vrdma_backend::resources::{Quotas, Resource};
+use vrdma_backend::toolstack::attach_device;
 use xen_platform::sim::{sock, SimControl, SimHost, SimHostConfig};
 use xen_platform::{DomId, ENV_SIM_DIR, ENV_SIM_DOMID};
 use xenstore_proto::client::Client;
-use xenstore_proto::wire::{Perm, PermKind, Perms};
 
 /// How long one guest command may take before the test calls it a hang.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
@@ -114,43 +115,19 @@ impl Lab {
         format!("/local/domain/0/backend/vrdma/{}/0", domid.0)
     }
 
-    /// Attaches device 0 to `domid` as the toolstack does (one transaction, libxl's
-    /// permissions), with extra backend-directory nodes such as quotas.
+    /// Attaches device 0 to `domid` with the backend's toolstack code
+    /// (`vrdma_backend::toolstack::attach_device`: one transaction, libxl's permissions), with
+    /// quota overrides such as `("max-qps", "2")` on top of the defaults.
     pub fn attach(&self, domid: DomId, quotas: &[(&str, &str)]) {
-        let d = u32::from(domid.0);
-        let back = self.back_dir(domid);
-        let front = format!("/local/domain/{d}/device/vrdma/0");
-        self.dom0
-            .transaction(|tx| {
-                tx.write(&back, "")?;
-                tx.set_perms(
-                    &back,
-                    &Perms(vec![
-                        Perm::new(PermKind::None, 0),
-                        Perm::new(PermKind::Read, d),
-                    ]),
-                )?;
-                tx.write(&format!("{back}/frontend"), &front)?;
-                tx.write(&format!("{back}/frontend-id"), d.to_string())?;
-                tx.write(&format!("{back}/online"), "1")?;
-                for (k, v) in quotas {
-                    tx.write(&format!("{back}/{k}"), v)?;
-                }
-                tx.write(&format!("{back}/state"), "1")?;
-                tx.write(&front, "")?;
-                tx.set_perms(
-                    &front,
-                    &Perms(vec![
-                        Perm::new(PermKind::None, d),
-                        Perm::new(PermKind::Read, 0),
-                    ]),
-                )?;
-                tx.write(&format!("{front}/backend"), &back)?;
-                tx.write(&format!("{front}/backend-id"), "0")?;
-                tx.write(&format!("{front}/state"), "1")?;
-                Ok(())
-            })
-            .expect("attach the device");
+        let mut q = Quotas::default();
+        for (k, v) in quotas {
+            let r = Resource::ALL
+                .into_iter()
+                .find(|r| r.quota_key() == *k)
+                .unwrap_or_else(|| panic!("{k} is not a quota"));
+            q.set(r, v.parse().unwrap_or_else(|_| panic!("{k} = {v:?}")));
+        }
+        attach_device(&self.dom0, u32::from(domid.0), 0, 0, &q).expect("attach the device");
     }
 
     /// Starts `vrdma-guest` (at `exe`) in `domid`, adopted by the host so a domain destroy

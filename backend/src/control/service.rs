@@ -99,6 +99,8 @@ pub struct ControlService {
     dir_pages: BTreeMap<(Kind, u32), Vec<SharedRegion>>,
     pending: Vec<PendingConnect>,
     control_requests: u64,
+    /// Grants of the channel's doorbell pages, page 0 (the `Init` page) first.
+    doorbell_grefs: Vec<u32>,
 }
 
 impl std::fmt::Debug for ControlService {
@@ -137,6 +139,7 @@ impl ControlService {
             dir_pages: BTreeMap::new(),
             pending: Vec::new(),
             control_requests: 0,
+            doorbell_grefs: Vec::new(),
         }
     }
 
@@ -341,6 +344,7 @@ impl ControlService {
         })?;
         self.ch = Some(ch);
         self.table = ChannelTable::new(slots);
+        self.doorbell_grefs = vec![doorbell_grefs[0]];
         tracing::debug!(device = %self.device_id, channel = self.channel, "initialised: {slots} doorbell slots");
         Ok(Reply::Init {
             version: PROTOCOL_VERSION,
@@ -496,7 +500,7 @@ impl ControlService {
         let entries = self.check_log2(cqe_log2, self.device.attrs().max_cqe, "CQ")?;
         self.account.charge(Resource::Cqs, 1)?;
         let made = (|| -> Result<(CqId, u32, shared_ring::abi::page_dir::PageList, Vec<SharedRegion>), Refusal> {
-            let slot = self.take_slots(1)?[0];
+            let slot = self.take_slots(ch, 1)?[0];
             let result = (|| {
                 let (ring, grefs) =
                     pages::share(&self.platform, self.domid, pages::pages_for(entries, CQE_LEN))?;
@@ -530,6 +534,7 @@ impl ControlService {
                     doorbell_slot: slot,
                     cqe_log2,
                     pages: list,
+                    doorbell_gref: self.doorbell_gref_of(slot),
                 })
             }
             Err(r) => {
@@ -578,7 +583,7 @@ impl ControlService {
             Vec<SharedRegion>,
         );
         let made = (|| -> Result<Made, Refusal> {
-            let slots = self.take_slots(2)?;
+            let slots = self.take_slots(ch, 2)?;
             let (sq_slot, rq_slot) = (slots[0], slots[1]);
             let result = (|| {
                 let (sq, mut grefs) = pages::share(
@@ -636,6 +641,7 @@ impl ControlService {
                     sq_log2,
                     rq_log2,
                     pages: list,
+                    doorbell_gref: self.doorbell_gref_of(sq_slot),
                 })
             }
             Err(r) => {
@@ -680,16 +686,58 @@ impl ControlService {
         Ok(Reply::Empty)
     }
 
-    fn take_slots(&mut self, n: usize) -> Result<Vec<u32>, Refusal> {
+    /// `n` doorbell slots on one page; a new doorbell page is granted when no page has room,
+    /// up to what the channel's quotas can use.
+    fn take_slots(&mut self, ch: ChannelId, n: usize) -> Result<Vec<u32>, Refusal> {
+        if let Some(s) = self.table.take_slots(n) {
+            return Ok(s);
+        }
+        let per_page = self.table.slots_per_page();
+        let q = self.account.quotas();
+        // Enough pages for every queue the quotas allow, with one slot lost per page to the
+        // same-page rule of a QP's two slots.
+        let wanted = 2 * u64::from(q.max_qps) + u64::from(q.max_cqs);
+        let limit = (wanted / u64::from(per_page.saturating_sub(1).max(1)) + 1)
+            .min(crate::device::MAX_DOORBELL_PAGES as u64);
+        if u64::from(self.table.slot_pages()) >= limit {
+            return Err(Refusal::new(
+                Status::NoResources,
+                format!(
+                    "the channel's {} doorbell pages have no {n} free slots on one page (each CQ takes 1, each QP 2) and it may not have more",
+                    self.table.slot_pages()
+                ),
+            ));
+        }
+        let (page, grefs) = pages::share(&self.platform, self.domid, 1)?;
+        let first = self.device.add_doorbell_page(ch, page)?;
+        if first != self.table.slot_count() {
+            // The device and the table disagree on the numbering: refuse rather than guess.
+            return Err(Refusal::new(
+                Status::NoResources,
+                format!(
+                    "doorbell page added at slot {first}, expected {}",
+                    self.table.slot_count()
+                ),
+            ));
+        }
+        self.table.add_slot_page();
+        self.doorbell_grefs.push(grefs[0]);
+        tracing::debug!(device = %self.device_id, channel = self.channel, "doorbell page {} added", self.doorbell_grefs.len() - 1);
         self.table.take_slots(n).ok_or_else(|| {
             Refusal::new(
                 Status::NoResources,
-                format!(
-                    "the channel's doorbell page has no {n} free slots (it has {}; each CQ takes 1, each QP 2)",
-                    self.table.slot_count()
-                ),
+                format!("a fresh doorbell page has no {n} free slots"),
             )
         })
+    }
+
+    /// The grant of the doorbell page holding `slot`.
+    fn doorbell_gref_of(&self, slot: u32) -> u32 {
+        let page = slot / self.table.slots_per_page().max(1);
+        self.doorbell_grefs
+            .get(page as usize)
+            .copied()
+            .unwrap_or_default()
     }
 
     fn keep_dirs(&mut self, op: Kind, handle: u32, dirs: Vec<SharedRegion>) {

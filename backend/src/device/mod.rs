@@ -25,7 +25,7 @@
 //!   into the channel's event ring; the daemon adds its own with [`Device::post_event`] (the
 //!   ring has a single producer, the device).
 //! * Mediated mode ([`ChannelMode::Mediated`]) is a per-channel switch: the device ignores the
-//!   guest's doorbell indexes and uses private ones that [`Device::post_mediated`],
+//!   guest's producer indexes and CQ words and uses private ones that [`Device::post_mediated`],
 //!   [`Device::poll_cq_mediated`] and [`Device::arm_cq`] drive.
 //!
 //! # RC semantics of the software device
@@ -60,6 +60,11 @@
 //! # Changes after the first version
 //!
 //! Additive only; listed here.
+//!
+//! * [`Device::add_doorbell_page`]: a channel may have more than one doorbell page (slots are
+//!   numbered across pages), so a process is not limited to the 31 slots of one page.
+//! * Mediated mode writes the send and receive queues' consumer indexes to the guest's doorbell
+//!   page too (producer indexes stay private), so the frontend sees its queue slots free up.
 
 mod engine;
 mod exec;
@@ -82,7 +87,7 @@ use shared_ring::abi::event::EventRepr;
 use shared_ring::SharedRegion;
 
 pub use shared_ring::abi::control::{access, DeviceAttrs};
-pub use soft::{default_attrs, EngineDiag, SoftDevice};
+pub use soft::{default_attrs, EngineDiag, SoftDevice, MAX_DOORBELL_PAGES};
 pub use xen_platform::DomId;
 
 /// A channel of this device (one guest process).
@@ -309,6 +314,10 @@ pub trait Device: Send + Sync {
     /// Closes a channel: stops serving it, destroys its QPs (peers go to Error), CQs, MRs and
     /// PDs, and drops its resource counters to zero. Unknown channels are ignored.
     fn close_channel(&self, ch: ChannelId);
+    /// Adds a doorbell page to the channel (initialised here, like the first one) and returns
+    /// the number of its first slot: slots are numbered across the channel's pages in the
+    /// order they were added. At most [`soft::MAX_DOORBELL_PAGES`] pages per channel.
+    fn add_doorbell_page(&self, ch: ChannelId, page: SharedRegion) -> DeviceResult<u32>;
     /// The channel's event channel fired: wake the engine if it sleeps (cheap if it does not).
     fn kick(&self, ch: ChannelId);
     /// Writes an async event into the channel's event ring and notifies. A full ring drops the

@@ -13,7 +13,7 @@ use shared_ring::abi::cqe::{CqeRepr, CqeStatus, CQE_LEN};
 use shared_ring::abi::event::{EventKind, EventRepr, EVENT_LEN};
 use shared_ring::abi::wqe::WqeRepr;
 use shared_ring::cq::{CqPoller, CqWriter};
-use shared_ring::doorbell::{DoorbellPage, EngineSleep};
+use shared_ring::doorbell::{CqDoorbell, DoorbellError, DoorbellPage, EngineSleep, QueueDoorbell};
 use shared_ring::queue::Producer;
 use shared_ring::WqConsumer;
 
@@ -27,14 +27,99 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The doorbell pages of a channel. Slots are numbered across pages: the first page's slots
+/// come first, then the second's, and so on.
+///
+/// In bypass mode the engine follows the guest's pages. In mediated mode every guest page has a
+/// private twin whose producer indexes and CQ words only the control path writes
+/// ([`super::Device::post_mediated`], [`super::Device::poll_cq_mediated`]); the consumer indexes
+/// of the send and receive queues are still written to the guest's page, so the frontend sees
+/// its queue slots free up.
+pub(crate) struct Doorbells {
+    guest: Vec<DoorbellPage>,
+    /// Mediated mode: one private page per guest page.
+    private: Option<Vec<DoorbellPage>>,
+}
+
+impl Doorbells {
+    /// The pages of a channel in `mode`, starting with the guest's (initialised) first page.
+    pub(crate) fn new(first: DoorbellPage, mode: ChannelMode) -> Result<Self, DoorbellError> {
+        let mut d = Doorbells {
+            guest: Vec::new(),
+            private: (mode == ChannelMode::Mediated).then(Vec::new),
+        };
+        d.push(first)?;
+        Ok(d)
+    }
+
+    /// Adds an initialised guest page; returns the number of its first slot.
+    pub(crate) fn push(&mut self, page: DoorbellPage) -> Result<u32, DoorbellError> {
+        let first = self.slots();
+        if let Some(private) = &mut self.private {
+            // Same slot count as the guest page: 128-byte header, 128 bytes per slot.
+            let len = (128 + page.slots() as usize * 128).next_multiple_of(shared_ring::PAGE_SIZE);
+            let region = shared_ring::SharedRegion::alloc(len)?;
+            private.push(DoorbellPage::init(region, shared_ring::PROTOCOL_VERSION)?);
+        }
+        self.guest.push(page);
+        Ok(first)
+    }
+
+    /// Slots of all pages.
+    pub(crate) fn slots(&self) -> u32 {
+        self.guest.iter().map(DoorbellPage::slots).sum()
+    }
+
+    /// Pages so far.
+    pub(crate) fn pages(&self) -> usize {
+        self.guest.len()
+    }
+
+    /// (page, slot within the page) of a channel slot.
+    fn locate(&self, slot: u32) -> Result<(usize, u32), DoorbellError> {
+        let mut s = slot;
+        for (i, p) in self.guest.iter().enumerate() {
+            if s < p.slots() {
+                return Ok((i, s));
+            }
+            s -= p.slots();
+        }
+        Err(DoorbellError::NoSuchSlot {
+            slot,
+            slots: self.slots(),
+        })
+    }
+
+    /// The index words the engine follows for a send or receive queue.
+    pub(crate) fn queue(&self, slot: u32) -> Result<QueueDoorbell, DoorbellError> {
+        let (page, k) = self.locate(slot)?;
+        let guest = self.guest[page].queue(k)?;
+        Ok(match &self.private {
+            None => guest,
+            Some(private) => QueueDoorbell {
+                prod: private[page].queue(k)?.prod,
+                cons: guest.cons,
+            },
+        })
+    }
+
+    /// The words the engine follows for a CQ.
+    pub(crate) fn cq(&self, slot: u32) -> Result<CqDoorbell, DoorbellError> {
+        let (page, k) = self.locate(slot)?;
+        match &self.private {
+            None => self.guest[page].cq(k),
+            Some(private) => private[page].cq(k),
+        }
+    }
+}
+
 /// A channel as the engine sees it.
 pub(crate) struct Channel {
     pub(crate) id: ChannelId,
     pub(crate) domid: DomId,
     pub(crate) mode: ChannelMode,
-    /// The doorbell page whose indexes the engine follows: the guest's in bypass mode, a private
-    /// one in mediated mode.
-    pub(crate) queue_db: DoorbellPage,
+    /// The channel's doorbell pages (the first one at open, more on demand).
+    pub(crate) doorbells: Mutex<Doorbells>,
     /// The engine's sleep word in the guest's doorbell page (only the owning engine uses it).
     pub(crate) sleep: Mutex<EngineSleep>,
     events: Mutex<Producer<EVENT_LEN>>,
@@ -52,7 +137,7 @@ impl Channel {
         id: ChannelId,
         domid: DomId,
         mode: ChannelMode,
-        queue_db: DoorbellPage,
+        doorbells: Doorbells,
         sleep: EngineSleep,
         events: Producer<EVENT_LEN>,
         notifier: Arc<dyn Notifier>,
@@ -63,7 +148,7 @@ impl Channel {
             id,
             domid,
             mode,
-            queue_db,
+            doorbells: Mutex::new(doorbells),
             sleep: Mutex::new(sleep),
             events: Mutex::new(events),
             notifier,

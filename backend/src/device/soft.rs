@@ -20,7 +20,7 @@ use shared_ring::{SharedRegion, WqConsumer, PAGE_SIZE, PROTOCOL_VERSION};
 
 use super::engine::{self, EngineShared};
 use super::mr::{KeyTable, Mr, NewMr};
-use super::objects::{lock, Channel, Cq, CqState, Qp};
+use super::objects::{lock, Channel, Cq, CqState, Doorbells, Qp};
 use super::stats::{ChanStats, Counters, Held};
 use super::*;
 
@@ -170,27 +170,29 @@ impl Drop for SoftDevice {
     }
 }
 
+/// Doorbell pages one channel may have (slots for tens of thousands of queues).
+pub const MAX_DOORBELL_PAGES: usize = 1024;
+
 fn entry(t: &mut Tables, ch: ChannelId) -> DeviceResult<&mut ChanEntry> {
     t.channels.get_mut(&ch).ok_or(bad("channel", ch.0))
 }
 
 /// Takes a doorbell slot for a queue: in range, free; its index words are reset.
 fn take_slot(e: &mut ChanEntry, slot: u32) -> DeviceResult<()> {
-    if slot >= e.ch.queue_db.slots() {
+    let dbs = lock(&e.ch.doorbells);
+    if slot >= dbs.slots() {
         return Err(inval(format!(
-            "doorbell slot {slot} does not exist (the page has {})",
-            e.ch.queue_db.slots()
+            "doorbell slot {slot} does not exist (the pages have {})",
+            dbs.slots()
         )));
     }
     if e.slots.contains(&slot) {
         return Err(DeviceError::Busy("doorbell slot"));
     }
-    let q =
-        e.ch.queue_db
-            .queue(slot)
-            .map_err(|e| inval(e.to_string()))?;
+    let q = dbs.queue(slot).map_err(|e| inval(e.to_string()))?;
     q.prod.store(0, Ordering::Relaxed);
     q.cons.store(0, Ordering::Release);
+    drop(dbs);
     e.slots.insert(slot);
     Ok(())
 }
@@ -204,12 +206,7 @@ fn check_log2(what: &str, log2: u8, max: u32) -> DeviceResult<usize> {
     Ok(1usize << log2)
 }
 
-fn queue(
-    region: &SharedRegion,
-    db: &DoorbellPage,
-    slot: u32,
-    n: usize,
-) -> DeviceResult<WqConsumer> {
+fn queue(region: &SharedRegion, db: &Doorbells, slot: u32, n: usize) -> DeviceResult<WqConsumer> {
     if region.len() < n * WQE_LEN {
         return Err(inval(format!(
             "queue of {n} WQEs needs {} bytes, the region has {}",
@@ -273,15 +270,9 @@ impl Device for SoftDevice {
             .zero(0, EVENT_RING_LEN)
             .map_err(|e| inval(e.to_string()))?;
         let events = event_ring::producer(&setup.event_ring).map_err(|e| inval(e.to_string()))?;
-        let queue_db = match setup.mode {
-            ChannelMode::Bypass => guest_db.clone(),
-            ChannelMode::Mediated => {
-                let private = SharedRegion::alloc(setup.doorbell.len().max(PAGE_SIZE))
-                    .map_err(|_| DeviceError::NoResources("memory"))?;
-                DoorbellPage::init(private, PROTOCOL_VERSION).map_err(|e| inval(e.to_string()))?
-            }
-        };
         let sleep = guest_db.engine_sleep().map_err(|e| inval(e.to_string()))?;
+        let doorbells =
+            Doorbells::new(guest_db, setup.mode).map_err(|_| DeviceError::NoResources("memory"))?;
         let mut t = self.tables();
         let id = ChannelId(t.id());
         let dom = t.domains.entry(setup.domid).or_default().clone();
@@ -295,7 +286,7 @@ impl Device for SoftDevice {
             id,
             setup.domid,
             setup.mode,
-            queue_db,
+            doorbells,
             sleep,
             events,
             setup.notifier,
@@ -351,6 +342,20 @@ impl Device for SoftDevice {
         lock(&c.engine.channels).retain(|x| x.id != ch);
         c.engine.changed();
         tracing::debug!(ch = ch.0, "channel closed");
+    }
+
+    fn add_doorbell_page(&self, ch: ChannelId, page: SharedRegion) -> DeviceResult<u32> {
+        if shared_ring::doorbell::slots_in(page.len()) == 0 {
+            return Err(inval("doorbell page has no slots"));
+        }
+        let mut t = self.tables();
+        let e = entry(&mut t, ch)?;
+        let mut dbs = lock(&e.ch.doorbells);
+        if dbs.pages() >= MAX_DOORBELL_PAGES {
+            return Err(DeviceError::NoResources("doorbell pages"));
+        }
+        let db = DoorbellPage::init(page, PROTOCOL_VERSION).map_err(|e| inval(e.to_string()))?;
+        dbs.push(db).map_err(|_| DeviceError::NoResources("memory"))
     }
 
     fn kick(&self, ch: ChannelId) {
@@ -483,7 +488,7 @@ impl Device for SoftDevice {
         let build = || -> Result<_, shared_ring::doorbell::DoorbellError> {
             s.ring.zero(0, n * CQE_LEN)?;
             let slots = s.ring.slots(0, n)?;
-            let db = e.ch.queue_db.cq(s.doorbell_slot)?;
+            let db = lock(&e.ch.doorbells).cq(s.doorbell_slot)?;
             let poller = (e.ch.mode == ChannelMode::Mediated)
                 .then(|| Mutex::new(CqPoller::new(slots.clone(), db.clone())));
             Ok((CqWriter::new(slots, db), poller))
@@ -559,9 +564,10 @@ impl Device for SoftDevice {
             e.slots.remove(&s.sq_slot);
             return Err(err);
         }
-        let db = &e.ch.queue_db;
-        let queues = queue(&s.sq, db, s.sq_slot, sq_n)
-            .and_then(|sq| Ok((sq, queue(&s.rq, db, s.rq_slot, rq_n)?)));
+        let db = lock(&e.ch.doorbells);
+        let queues = queue(&s.sq, &db, s.sq_slot, sq_n)
+            .and_then(|sq| Ok((sq, queue(&s.rq, &db, s.rq_slot, rq_n)?)));
+        drop(db);
         let (sq, rq) = match queues {
             Ok(q) => q,
             Err(err) => {
@@ -718,10 +724,9 @@ impl Device for SoftDevice {
             WorkQueue::Sq => sq,
             WorkQueue::Rq => rq,
         };
-        let db =
-            e.ch.queue_db
-                .queue(slot)
-                .map_err(|e| inval(e.to_string()))?;
+        let db = lock(&e.ch.doorbells)
+            .queue(slot)
+            .map_err(|e| inval(e.to_string()))?;
         db.prod.store(prod, Ordering::Release);
         let q = t.qps.get(&qp).cloned();
         drop(t);

@@ -42,10 +42,11 @@ pub struct ChannelTable {
 }
 
 impl ChannelTable {
-    /// A table for a channel whose doorbell page has `doorbell_slots` slots.
-    pub fn new(doorbell_slots: u32) -> Self {
+    /// A table for a channel whose doorbell pages have `slots_per_page` slots each; it starts
+    /// with one page.
+    pub fn new(slots_per_page: u32) -> Self {
         ChannelTable {
-            slots: SlotAllocator::new(doorbell_slots),
+            slots: SlotAllocator::new(slots_per_page),
             ..ChannelTable::default()
         }
     }
@@ -62,9 +63,24 @@ impl ChannelTable {
             .any(|q| q.send_cq == cq || q.recv_cq == cq)
     }
 
-    /// Takes `n` free doorbell slots (all or none).
+    /// Takes `n` free doorbell slots, all on one doorbell page (all or none).
     pub fn take_slots(&mut self, n: usize) -> Option<Vec<u32>> {
         self.slots.take(n)
+    }
+
+    /// Another doorbell page's slots become available.
+    pub fn add_slot_page(&mut self) {
+        self.slots.pages += 1;
+    }
+
+    /// Doorbell pages so far.
+    pub fn slot_pages(&self) -> u32 {
+        self.slots.pages
+    }
+
+    /// Slots per doorbell page.
+    pub fn slots_per_page(&self) -> u32 {
+        self.slots.per_page
     }
 
     /// Gives doorbell slots back.
@@ -74,37 +90,43 @@ impl ChannelTable {
         }
     }
 
-    /// Doorbell slots of the page.
+    /// Doorbell slots of all pages.
     pub fn slot_count(&self) -> u32 {
-        self.slots.count
+        self.slots.per_page.saturating_mul(self.slots.pages)
     }
 }
 
-/// Lowest-free allocation of doorbell slots.
+/// Lowest-free allocation of doorbell slots, numbered across pages (`per_page` each); the
+/// slots of one request are on one page.
 #[derive(Debug, Default)]
 struct SlotAllocator {
-    count: u32,
+    per_page: u32,
+    pages: u32,
     used: BTreeSet<u32>,
 }
 
 impl SlotAllocator {
-    fn new(count: u32) -> Self {
+    fn new(per_page: u32) -> Self {
         SlotAllocator {
-            count,
+            per_page,
+            pages: 1,
             used: BTreeSet::new(),
         }
     }
 
     fn take(&mut self, n: usize) -> Option<Vec<u32>> {
-        let free: Vec<u32> = (0..self.count)
-            .filter(|s| !self.used.contains(s))
-            .take(n)
-            .collect();
-        if free.len() < n {
-            return None;
+        for page in 0..self.pages {
+            let first = page * self.per_page;
+            let free: Vec<u32> = (first..first + self.per_page)
+                .filter(|s| !self.used.contains(s))
+                .take(n)
+                .collect();
+            if free.len() == n {
+                self.used.extend(free.iter().copied());
+                return Some(free);
+            }
         }
-        self.used.extend(free.iter().copied());
-        Some(free)
+        None
     }
 
     fn free(&mut self, s: u32) {
@@ -124,6 +146,19 @@ mod tests {
         assert_eq!(t.take_slots(1), Some(vec![2]));
         t.free_slots(&[0]);
         assert_eq!(t.take_slots(1), Some(vec![0]));
+    }
+
+    #[test]
+    fn slots_of_one_request_share_a_page_and_pages_extend_the_numbering() {
+        let mut t = ChannelTable::new(3);
+        assert_eq!(t.take_slots(2), Some(vec![0, 1]));
+        assert_eq!(t.take_slots(2), None, "slot 2 is alone on page 0");
+        t.add_slot_page();
+        assert_eq!(t.slot_count(), 6);
+        assert_eq!(t.take_slots(2), Some(vec![3, 4]));
+        assert_eq!(t.take_slots(1), Some(vec![2]));
+        assert_eq!(t.take_slots(1), Some(vec![5]));
+        assert_eq!(t.take_slots(1), None);
     }
 
     #[test]

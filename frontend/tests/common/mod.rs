@@ -144,6 +144,7 @@ pub struct FakeQp {
 #[derive(Default)]
 pub struct BackState {
     pub doorbell: Option<DoorbellPage>,
+    pub doorbell_gref: u32,
     pub cqs: HashMap<u32, FakeCq>,
     pub qps: HashMap<u32, FakeQp>,
     pub mrs: HashMap<u32, (u32, u64)>,
@@ -360,6 +361,7 @@ fn answer(
             let page = DoorbellPage::init(db.clone(), 1).unwrap();
             let slots = page.slots();
             st.doorbell = Some(page);
+            st.doorbell_gref = dbg[0];
             st.keep.push(db);
             st.keep.push(ev);
             ok(Reply::Init {
@@ -406,6 +408,7 @@ fn answer(
                 doorbell_slot: slot,
                 cqe_log2,
                 pages: PageList::inline(&grefs).unwrap(),
+                doorbell_gref: st.doorbell_gref,
             })
         }
         Request::DestroyCq { cq } => {
@@ -462,6 +465,7 @@ fn answer(
                 sq_log2,
                 rq_log2,
                 pages: list,
+                doorbell_gref: st.doorbell_gref,
             })
         }
         Request::DestroyQp { qp } => {

@@ -106,6 +106,9 @@ pub mod result {
     pub const CQ_DOORBELL_SLOT: usize = 16;
     pub const CQ_CQE_LOG2: usize = 20;
     pub const CQ_PAGES: usize = 28;
+    /// Grant of the doorbell page holding the CQ's slot (added in protocol version 1.1; see
+    /// `Reply::Cq::doorbell_gref`).
+    pub const CQ_DOORBELL_GREF: usize = 52;
     /// `CreateQp`: SQ pages come first in the page list, then RQ pages.
     pub const QP_HANDLE: usize = 12;
     pub const QP_NUM: usize = 16;
@@ -114,6 +117,8 @@ pub mod result {
     pub const QP_SQ_LOG2: usize = 28;
     pub const QP_RQ_LOG2: usize = 29;
     pub const QP_PAGES: usize = 32;
+    /// Grant of the doorbell page holding both queue slots.
+    pub const QP_DOORBELL_GREF: usize = 56;
     /// `Stats`: four u64 counters.
     pub const STATS: usize = 16;
     /// `PollCq` (mediated mode): 1 when a CQE follows, then the 32-byte CQE.
@@ -695,6 +700,10 @@ pub enum Reply {
         cqe_log2: u8,
         /// The CQ ring pages, granted read-only to the guest.
         pages: PageList,
+        /// Grant of the doorbell page holding `doorbell_slot`: slots are numbered across the
+        /// channel's doorbell pages, `Init`'s `doorbell_slots` per page, and the backend adds
+        /// pages on demand. Page 0 is the `Init` page.
+        doorbell_gref: u32,
     },
     Qp {
         qp: u32,
@@ -705,6 +714,9 @@ pub enum Reply {
         rq_log2: u8,
         /// SQ pages then RQ pages.
         pages: PageList,
+        /// Grant of the doorbell page holding `sq_slot` and `rq_slot` (always the same page;
+        /// see `Reply::Cq::doorbell_gref`).
+        doorbell_gref: u32,
     },
     Stats(ChannelStats),
     /// Mediated `PollCq`: the next CQE (body bytes, owner word 0), if any.
@@ -775,6 +787,7 @@ impl ResponseRepr {
                     doorbell_slot: get_u32(b, result::CQ_DOORBELL_SLOT),
                     cqe_log2: check_log2(get_u8(b, result::CQ_CQE_LOG2), "CQ size log2")?,
                     pages: PageList::parse(&b[result::CQ_PAGES..], MAX_PAGE_LIST)?,
+                    doorbell_gref: get_u32(b, result::CQ_DOORBELL_GREF),
                 },
                 Op::CreateQp => Reply::Qp {
                     qp: get_u32(b, result::QP_HANDLE),
@@ -784,6 +797,7 @@ impl ResponseRepr {
                     sq_log2: check_log2(get_u8(b, result::QP_SQ_LOG2), "SQ size log2")?,
                     rq_log2: check_log2(get_u8(b, result::QP_RQ_LOG2), "RQ size log2")?,
                     pages: PageList::parse(&b[result::QP_PAGES..], MAX_PAGE_LIST)?,
+                    doorbell_gref: get_u32(b, result::QP_DOORBELL_GREF),
                 },
                 Op::Stats => Reply::Stats(ChannelStats {
                     work_requests: get_u64(b, result::STATS),
@@ -879,8 +893,10 @@ impl ResponseRepr {
                     doorbell_slot,
                     cqe_log2,
                     pages,
+                    doorbell_gref,
                 },
             ) => {
+                set_u32(b, result::CQ_DOORBELL_GREF, doorbell_gref);
                 set_u32(b, result::CQ_HANDLE, cq);
                 set_u32(b, result::CQ_DOORBELL_SLOT, doorbell_slot);
                 set_u8(b, result::CQ_CQE_LOG2, cqe_log2);
@@ -896,8 +912,10 @@ impl ResponseRepr {
                     sq_log2,
                     rq_log2,
                     pages,
+                    doorbell_gref,
                 },
             ) => {
+                set_u32(b, result::QP_DOORBELL_GREF, doorbell_gref);
                 set_u32(b, result::QP_HANDLE, qp);
                 set_u32(b, result::QP_NUM, qp_num);
                 set_u32(b, result::QP_SQ_SLOT, sq_slot);
@@ -997,14 +1015,40 @@ mod tests {
                 doorbell_slot: 3,
                 cqe_log2: 7,
                 pages: PageList::inline(&[100]).unwrap(),
+                doorbell_gref: 0x0a0b_0c0d,
             },
         };
+        assert_eq!(&ok.to_bytes()[52..56], &[0x0d, 0x0c, 0x0b, 0x0a]);
         assert_eq!(ResponseRepr::parse(&ok.to_bytes()).unwrap(), ok);
         let err = ResponseRepr::error(6, Op::CreateQp, Status::QuotaExceeded);
         let mut b = err.to_bytes();
         assert_eq!(&b[8..12], &[4, 0, 0, 0]);
         assert_eq!(ResponseRepr::parse(&b).unwrap(), err);
         b[12] = 1;
+        assert!(ResponseRepr::parse(&b).is_err());
+    }
+
+    #[test]
+    fn create_qp_reply_carries_the_doorbell_gref_at_56() {
+        let ok = ResponseRepr {
+            req_id: 8,
+            op: Op::CreateQp,
+            status: Status::Ok,
+            reply: Reply::Qp {
+                qp: 1,
+                qp_num: 1,
+                sq_slot: 31,
+                rq_slot: 32,
+                sq_log2: 4,
+                rq_log2: 4,
+                pages: PageList::inline(&[5, 6]).unwrap(),
+                doorbell_gref: 0x0102_0304,
+            },
+        };
+        let mut b = ok.to_bytes();
+        assert_eq!(&b[56..60], &[4, 3, 2, 1]);
+        assert_eq!(ResponseRepr::parse(&b).unwrap(), ok);
+        b[60] = 1; // still reserved
         assert!(ResponseRepr::parse(&b).is_err());
     }
 

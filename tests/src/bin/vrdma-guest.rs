@@ -8,7 +8,7 @@
 //! cq <name> <entries>                -> ok <handle>
 //! qp <name> <send-cq> <recv-cq> <sq> <rq>   -> ok <endpoint>
 //! mr <name> <len>                    -> ok <remote addr:len:rkey>
-//! connect <qp> <endpoint>            -> ok
+//! connect <qp> <endpoint> [<qp> <endpoint>...]  -> ok   (several: concurrently, one thread each)
 //! fill <mr> <seed> <off> <len>       -> ok          (pattern bytes)
 //! check <mr> <seed> <off> <len>      -> ok | err mismatch at <i>
 //! recv <qp> <mr> <off> <len> <wr_id>
@@ -134,9 +134,48 @@ impl Guest {
                 Ok(r)
             }
             "connect" => {
-                let ep = a[2].parse()?;
-                self.qp(a[1])?.connect(&ep)?;
-                Ok(String::new())
+                // Several pairs connect from one thread each: the backend answers a Connect
+                // only when both ends connected, so a process pairing two of its own QPs
+                // must have both requests in flight at once.
+                let mut jobs = Vec::new();
+                for pair in a[1..].chunks(2) {
+                    let [name, ep] = pair else {
+                        bail!("connect takes <qp> <endpoint> pairs");
+                    };
+                    let ep: vrdma::QpEndpoint = ep.parse()?;
+                    let qp = self
+                        .qps
+                        .remove(*name)
+                        .with_context(|| format!("no QP {name} (or named twice)"))?;
+                    jobs.push((name.to_string(), qp, ep));
+                }
+                let results: Vec<(String, QueuePair, vrdma::Result<()>)> =
+                    std::thread::scope(|s| {
+                        let handles: Vec<_> = jobs
+                            .into_iter()
+                            .map(|(name, mut qp, ep)| {
+                                s.spawn(move || {
+                                    let r = qp.connect(&ep);
+                                    (name, qp, r)
+                                })
+                            })
+                            .collect();
+                        handles
+                            .into_iter()
+                            .map(|h| h.join().expect("connect thread"))
+                            .collect()
+                    });
+                let mut first_err = None;
+                for (name, qp, r) in results {
+                    self.qps.insert(name.clone(), qp);
+                    if let Err(e) = r {
+                        first_err.get_or_insert(anyhow!("connect {name}: {e}"));
+                    }
+                }
+                match first_err {
+                    Some(e) => Err(e),
+                    None => Ok(String::new()),
+                }
             }
             "fill" => {
                 let (seed, off, len): (u64, usize, usize) = (num(a, 2)?, num(a, 3)?, num(a, 4)?);
