@@ -294,8 +294,11 @@ fn detach(store: &Client, a: DetachArgs) -> Result<()> {
             }
         }
     }
-    if failed > 0 {
-        bail!("{failed} device(s) not detached");
+    match failed {
+        0 => {}
+        // The one device's reason is already printed above.
+        1 if !a.all => return Err(anyhow::anyhow!("detach failed")),
+        n => bail!("{n} devices not detached"),
     }
     Ok(())
 }
