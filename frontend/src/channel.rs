@@ -472,6 +472,23 @@ impl Channel {
         Ok(())
     }
 
+    /// Notices async events without a system call or a lock when there are none: two loads
+    /// of the event ring's indexes. Pending events are pumped (a `DeviceLost` marks the
+    /// channel); then a dead channel is [`Error::DeviceLost`].
+    #[inline]
+    pub(crate) fn notice_events(&self) -> Result<()> {
+        let prod = self
+            ._event_page
+            .load_u32(event_ring::field::PROD, Ordering::Acquire)?;
+        let cons = self
+            ._event_page
+            .load_u32(event_ring::field::CONS, Ordering::Relaxed)?;
+        if prod != cons {
+            self.pump_events()?;
+        }
+        self.check_lost()
+    }
+
     /// Every event received since the last call.
     pub(crate) fn take_events(&self) -> Result<Vec<AsyncEvent>> {
         self.pump_events()?;

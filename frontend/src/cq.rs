@@ -176,8 +176,9 @@ impl CompletionQueue {
             n += 1;
         }
         if n == 0 {
-            // One relaxed load: a dead channel reports itself instead of looking idle.
-            self.shared.ctx.chan.check_lost()?;
+            // A few loads, no system call: a `DeviceLost` event on the event ring (or a channel
+            // already known dead) reports itself instead of looking idle.
+            self.shared.ctx.chan.notice_events()?;
         }
         Ok(n)
     }

@@ -418,3 +418,31 @@ fn a_backend_that_closes_the_channel_is_device_lost() {
     assert!(e.to_string().contains("backend restarted"), "{e}");
     assert!(cq.poll(&mut wc).unwrap_err().is_device_lost());
 }
+
+#[test]
+fn a_device_lost_event_is_noticed_by_poll_without_waiting() {
+    let w = World::new();
+    w.attach();
+    let be = FakeBackend::start(&w);
+    let ctx = open(&w, Mode::Bypass);
+    let mut cq = ctx.create_cq(4).unwrap();
+    let mut wc = [WorkCompletion::default(); 1];
+    assert_eq!(cq.poll(&mut wc).unwrap().len(), 0);
+    {
+        let mut st = be.state.lock().unwrap();
+        let ev = shared_ring::abi::event::EventRepr {
+            kind: shared_ring::abi::event::EventKind::DeviceLost,
+            handle: 0,
+            detail: 0,
+        };
+        let p = st.events.as_mut().expect("Init made the event ring");
+        p.write(&ev.to_bytes()).unwrap();
+        p.publish();
+    }
+    // No notification, no wait: the next empty poll sees the event in shared memory.
+    let before = ctx.notifications_sent();
+    let e = cq.poll(&mut wc).unwrap_err();
+    assert!(e.is_device_lost(), "{e}");
+    assert_eq!(ctx.notifications_sent(), before);
+    drop(be);
+}

@@ -145,6 +145,8 @@ pub struct FakeQp {
 pub struct BackState {
     pub doorbell: Option<DoorbellPage>,
     pub doorbell_gref: u32,
+    /// The event ring's producer side (after `Init`).
+    pub events: Option<shared_ring::queue::Producer<{ shared_ring::abi::event::EVENT_LEN }>>,
     pub cqs: HashMap<u32, FakeCq>,
     pub qps: HashMap<u32, FakeQp>,
     pub mrs: HashMap<u32, (u32, u64)>,
@@ -362,6 +364,7 @@ fn answer(
             let slots = page.slots();
             st.doorbell = Some(page);
             st.doorbell_gref = dbg[0];
+            st.events = Some(shared_ring::event_ring::producer(&ev).unwrap());
             st.keep.push(db);
             st.keep.push(ev);
             ok(Reply::Init {
