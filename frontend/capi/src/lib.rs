@@ -1,0 +1,1 @@
+//! `libvrdma`: the C ABI of the vrdma frontend library (see `include/vrdma.h`).

@@ -1,0 +1,21 @@
+//! `vrdma-perf`: perftest-style benchmarks over the `vrdma` library (`send_lat`, `write_lat`,
+//! `read_lat`, `send_bw`, `write_bw`, `read_bw`), with in-run baselines; and the pieces of
+//! `vrdma-demo`, which runs them across two guest domains of an embedded simulated Xen host.
+//! See docs/benchmarks.md, "vrdma-perf".
+
+pub mod baseline;
+pub mod run;
+pub mod stats;
+
+pub use run::{run, PerfArgs, Report, Test, DEFAULT_PORT};
+
+/// Sets up `tracing` to stderr (default filter `warn`, `RUST_LOG` overrides).
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+}

@@ -1,0 +1,809 @@
+//! The perftest-style tests: server and client set up a context, a QP and a memory region,
+//! exchange endpoints and the region's address/rkey over TCP (perftest's out-of-band
+//! exchange, default port 18515), connect, and run one test per message size.
+//!
+//! Wire of the TCP exchange (lines of text):
+//! ```text
+//! client -> server   vrdma-perf 1 <test> <sizes,comma> <iters> <tx-depth>
+//! server -> client   ok <endpoint> <addr:len:rkey>      | err <sentence>
+//! client -> server   <endpoint> <addr:len:rkey>
+//! per size:  client -> "go <size>", server -> "ready"; test; client -> "done", server -> "done"
+//! client -> server   bye
+//! ```
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use clap::{Parser, ValueEnum};
+use vrdma::{
+    AccessFlags, CompletionQueue, Context, MemoryRegion, Mode, QpEndpoint, QueuePair, RemoteMr,
+    WcOpcode, WorkCompletion, MAX_INLINE,
+};
+
+use crate::baseline::{halve, Baselines};
+use crate::stats::{bw_table, latency_table, BwRow, LatencyRow};
+
+/// perftest's default port.
+pub const DEFAULT_PORT: u16 = 18515;
+/// How long a test may see no progress before it is called a hang.
+pub const STALL: Duration = Duration::from_secs(30);
+
+/// The tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum Test {
+    SendLat,
+    WriteLat,
+    ReadLat,
+    SendBw,
+    WriteBw,
+    ReadBw,
+}
+
+impl Test {
+    pub fn name(self) -> &'static str {
+        match self {
+            Test::SendLat => "send_lat",
+            Test::WriteLat => "write_lat",
+            Test::ReadLat => "read_lat",
+            Test::SendBw => "send_bw",
+            Test::WriteBw => "write_bw",
+            Test::ReadBw => "read_bw",
+        }
+    }
+    pub fn is_latency(self) -> bool {
+        matches!(self, Test::SendLat | Test::WriteLat | Test::ReadLat)
+    }
+    fn parse(s: &str) -> Result<Test> {
+        Test::from_str(s, false).map_err(|e| anyhow!("unknown test {s:?}: {e}"))
+    }
+    /// perftest reports one-way latency (RTT/2) for SEND and WRITE, the round trip for READ.
+    fn halves(self) -> bool {
+        matches!(self, Test::SendLat | Test::WriteLat)
+    }
+}
+
+/// Data-path mode on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ModeArg {
+    Bypass,
+    Mediated,
+}
+
+/// `vrdma-perf` command line (also what `vrdma-demo` runs inside the guest domains).
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "vrdma-perf",
+    version,
+    about = "perftest-style RDMA benchmarks over vrdma (server: no HOST; client: HOST)",
+    after_help = "Run the server first (`vrdma-perf send_lat`), then the client \
+                  (`vrdma-perf send_lat 127.0.0.1`) in another guest. The client's --size, \
+                  --iters and --tx-depth rule; each side picks its own --mode."
+)]
+pub struct PerfArgs {
+    /// The test.
+    #[arg(value_enum)]
+    pub test: Test,
+    /// Server to connect to (client); absent: be the server.
+    pub host: Option<String>,
+    /// TCP port of the endpoint exchange (0 for the server: any free port, printed).
+    #[arg(short, long, default_value_t = DEFAULT_PORT)]
+    pub port: u16,
+    /// Message sizes in bytes, comma-separated (default 2 for latency, 65536 for bandwidth).
+    #[arg(short, long, value_delimiter = ',')]
+    pub size: Vec<usize>,
+    /// Every power of two from 2 bytes to 8 MiB (perftest's -a).
+    #[arg(short, long)]
+    pub all: bool,
+    /// Iterations per size (default 1000 for latency, 5000 for bandwidth).
+    #[arg(short = 'n', long)]
+    pub iters: Option<usize>,
+    /// Work requests in flight in bandwidth tests.
+    #[arg(short, long, default_value_t = 128)]
+    pub tx_depth: usize,
+    /// Data path: bypass (default, or $VRDMA_MODE) or mediated.
+    #[arg(short, long, value_enum)]
+    pub mode: Option<ModeArg>,
+    /// Block on the CQ's event channel instead of busy-polling (perftest's -e).
+    #[arg(short, long)]
+    pub events: bool,
+    /// Also measure, in the same run, a cache-line ping-pong, memcpy and TCP loopback with the
+    /// same sizes, and print every figure as a ratio to them (client side).
+    #[arg(short, long)]
+    pub baseline: bool,
+    /// Print one JSON object instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the JSON object to this file (client; used by vrdma-demo).
+    #[arg(long, hide = true)]
+    pub json_out: Option<std::path::PathBuf>,
+}
+
+impl PerfArgs {
+    fn sizes(&self) -> Vec<usize> {
+        if self.all {
+            (1..=23).map(|i| 1usize << i).collect()
+        } else if self.size.is_empty() {
+            vec![if self.test.is_latency() { 2 } else { 65536 }]
+        } else {
+            self.size.clone()
+        }
+    }
+    fn iters(&self) -> usize {
+        self.iters
+            .unwrap_or(if self.test.is_latency() { 1000 } else { 5000 })
+    }
+}
+
+/// What a client run measured.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub test: Test,
+    pub mode: Mode,
+    pub events: bool,
+    pub latency: Vec<LatencyRow>,
+    pub bandwidth: Vec<BwRow>,
+    pub baselines: Option<Baselines>,
+}
+
+/// Runs `args` as server or client, printing tables (or JSON) to stdout.
+pub fn run(args: &PerfArgs) -> Result<()> {
+    if args.tx_depth == 0 || args.tx_depth > 1024 {
+        bail!("--tx-depth must be 1..=1024");
+    }
+    match &args.host {
+        None => serve(args),
+        Some(h) => {
+            let report = client(args, h)?;
+            if let Some(p) = &args.json_out {
+                std::fs::write(p, serde_json::to_string(&report.to_json())?)
+                    .with_context(|| format!("writing {}", p.display()))?;
+            }
+            let out = if args.json {
+                serde_json::to_string_pretty(&report.to_json())? + "\n"
+            } else {
+                report.text()
+            };
+            print!("{out}");
+            std::io::stdout().flush()?;
+            Ok(())
+        }
+    }
+}
+
+fn open_context(mode: Option<ModeArg>) -> Result<Context> {
+    let mut b = Context::builder();
+    match mode {
+        Some(ModeArg::Bypass) => b = b.mode(Mode::Bypass),
+        Some(ModeArg::Mediated) => b = b.mode(Mode::Mediated),
+        None => {}
+    }
+    b.open().context("opening the vrdma device")
+}
+
+/// Everything one side holds.
+struct Side {
+    _ctx: Context,
+    cq: CompletionQueue,
+    qp: QueuePair,
+    mr: MemoryRegion,
+    /// Offset of the landing area (where the peer writes) in `mr`.
+    landing: usize,
+    events: bool,
+    inline_max: usize,
+}
+
+fn round_up(n: usize, to: usize) -> usize {
+    n.div_ceil(to) * to
+}
+
+impl Side {
+    fn new(mode: Option<ModeArg>, max_size: usize, depth: usize, events: bool) -> Result<Side> {
+        let ctx = open_context(mode)?;
+        let pd = ctx.alloc_pd().context("alloc PD")?;
+        let q = (depth.max(16) * 2).next_power_of_two() as u32;
+        let cq = ctx.create_cq(q * 2).context("create CQ")?;
+        let qp = pd
+            .create_qp(&cq, &cq)
+            .sq_size(q)
+            .rq_size(q)
+            .max_inline(MAX_INLINE as u32)
+            .build()
+            .context("create QP")?;
+        let landing = round_up(max_size, 4096);
+        let mr = pd
+            .alloc_mr(landing * 2, AccessFlags::ALL)
+            .with_context(|| format!("alloc MR of {} bytes", landing * 2))?;
+        Ok(Side {
+            _ctx: ctx,
+            cq,
+            qp,
+            mr,
+            landing,
+            events,
+            inline_max: MAX_INLINE,
+        })
+    }
+
+    fn line(&self) -> String {
+        format!("{} {}", self.qp.endpoint(), self.mr.remote())
+    }
+
+    /// Polls (or waits, with `--events`) until one completion arrives; errors on a failed
+    /// completion or a stall.
+    fn next_wc(&mut self, wc: &mut [WorkCompletion]) -> Result<usize> {
+        let t = Instant::now();
+        loop {
+            let got = if self.events {
+                self.cq.wait(wc, Some(Duration::from_millis(100)))?
+            } else {
+                self.cq.poll(wc)?
+            };
+            if !got.is_empty() {
+                if let Some(bad) = got.iter().find(|w| !w.is_ok()) {
+                    bail!("work request failed: {bad:?}");
+                }
+                return Ok(got.len());
+            }
+            if t.elapsed() > STALL {
+                bail!("no completion for {} s", STALL.as_secs());
+            }
+        }
+    }
+
+    /// Waits for a completion of opcode `want`, counting the others (signaled sends) away.
+    fn wait_for(&mut self, want: WcOpcode) -> Result<()> {
+        let mut wc = [WorkCompletion::default(); 1];
+        loop {
+            self.next_wc(&mut wc)?;
+            if wc[0].opcode == want {
+                return Ok(());
+            }
+        }
+    }
+
+    fn post_send(&mut self, size: usize, wr_id: u64) -> Result<()> {
+        if size <= self.inline_max {
+            let mut buf = [0u8; MAX_INLINE];
+            self.mr.read(0, &mut buf[..size])?;
+            self.qp.post_send_inline(&buf[..size], wr_id)?;
+        } else {
+            self.qp.post_send(&[self.mr.slice(0..size)], wr_id)?;
+        }
+        Ok(())
+    }
+
+    fn post_recv(&mut self, size: usize, wr_id: u64) -> Result<()> {
+        let l = self.landing;
+        self.qp.post_recv(&[self.mr.slice(l..l + size)], wr_id)?;
+        Ok(())
+    }
+
+    /// Spins (reading a copy of one byte) until the landing area's last byte is `tag`.
+    fn spin_landing(&self, size: usize, tag: u8) -> Result<()> {
+        let t = Instant::now();
+        let mut b = [0u8; 1];
+        let mut n = 0u32;
+        loop {
+            self.mr.read(self.landing + size - 1, &mut b)?;
+            if b[0] == tag {
+                return Ok(());
+            }
+            n = n.wrapping_add(1);
+            if n % 4096 == 0 && t.elapsed() > STALL {
+                bail!(
+                    "the peer's RDMA WRITE did not land in {} s",
+                    STALL.as_secs()
+                );
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Posts a signaled WRITE of `size` bytes from offset 0 to `remote`, first draining
+    /// completions so the send queue never fills.
+    fn post_write_tagged(&mut self, size: usize, remote: RemoteMr, tag: u8, i: u64) -> Result<()> {
+        self.mr.write(size - 1, &[tag])?;
+        self.drain()?;
+        self.qp.post_write(&[self.mr.slice(0..size)], remote, i)?;
+        Ok(())
+    }
+
+    fn drain(&mut self) -> Result<()> {
+        let mut wc = [WorkCompletion::default(); 16];
+        for w in self.cq.poll(&mut wc)?.iter() {
+            if !w.is_ok() {
+                bail!("work request failed: {w:?}");
+            }
+        }
+        Ok(())
+    }
+}
+
+fn tag(i: usize) -> u8 {
+    (i % 255) as u8 + 1
+}
+
+struct Link {
+    r: BufReader<TcpStream>,
+    w: TcpStream,
+}
+
+impl Link {
+    fn new(s: TcpStream) -> Result<Link> {
+        s.set_nodelay(true)?;
+        Ok(Link {
+            r: BufReader::new(s.try_clone()?),
+            w: s,
+        })
+    }
+    fn send(&mut self, line: &str) -> Result<()> {
+        writeln!(self.w, "{line}").context("writing to the peer")?;
+        Ok(())
+    }
+    fn recv(&mut self) -> Result<String> {
+        let mut s = String::new();
+        if self.r.read_line(&mut s).context("reading from the peer")? == 0 {
+            bail!("the peer closed the TCP connection");
+        }
+        Ok(s.trim_end().to_string())
+    }
+    fn expect(&mut self, want: &str) -> Result<()> {
+        let got = self.recv()?;
+        if got != want {
+            bail!("expected {want:?} from the peer, got {got:?}");
+        }
+        Ok(())
+    }
+}
+
+fn parse_peer(line: &str) -> Result<(QpEndpoint, RemoteMr)> {
+    let mut it = line.split_whitespace();
+    let ep = it
+        .next()
+        .ok_or_else(|| anyhow!("no endpoint in {line:?}"))?;
+    let mr = it.next().ok_or_else(|| anyhow!("no MR in {line:?}"))?;
+    Ok((ep.parse()?, mr.parse()?))
+}
+
+fn serve(args: &PerfArgs) -> Result<()> {
+    let l = TcpListener::bind(("0.0.0.0", args.port))
+        .with_context(|| format!("listening on TCP port {}", args.port))?;
+    let port = l.local_addr()?.port();
+    println!(
+        "# vrdma-perf {} server listening on port {port}",
+        args.test.name()
+    );
+    std::io::stdout().flush()?;
+    let (s, peer) = l.accept()?;
+    let mut link = Link::new(s)?;
+    let hello = link.recv()?;
+    let f: Vec<&str> = hello.split_whitespace().collect();
+    if f.len() != 6 || f[0] != "vrdma-perf" || f[1] != "1" {
+        bail!("{peer} is not a vrdma-perf client: {hello:?}");
+    }
+    let test = Test::parse(f[2])?;
+    if test != args.test {
+        link.send(&format!("err the server runs {}", args.test.name()))?;
+        bail!(
+            "client asked for {} but this server runs {}",
+            f[2],
+            args.test.name()
+        );
+    }
+    let sizes: Vec<usize> = f[3]
+        .split(',')
+        .map(|s| s.parse())
+        .collect::<Result<_, _>>()?;
+    let iters: usize = f[4].parse()?;
+    let depth: usize = f[5].parse()?;
+    let max = *sizes.iter().max().ok_or_else(|| anyhow!("no sizes"))?;
+    let mut side = match Side::new(args.mode, max, depth, args.events) {
+        Ok(s) => s,
+        Err(e) => {
+            link.send(&format!("err {e:#}"))?;
+            return Err(e);
+        }
+    };
+    link.send(&format!("ok {}", side.line()))?;
+    let (ep, remote) = parse_peer(&link.recv()?)?;
+    side.qp.connect(&ep).context("connect QP")?;
+    loop {
+        let cmd = link.recv()?;
+        if cmd == "bye" {
+            break;
+        }
+        let size: usize = cmd
+            .strip_prefix("go ")
+            .ok_or_else(|| anyhow!("unexpected {cmd:?}"))?
+            .parse()?;
+        let rl = remote.slice(side.landing..side.landing + size);
+        match test {
+            Test::SendLat => {
+                side.post_recv(size, 0)?;
+                link.send("ready")?;
+                for i in 0..iters {
+                    side.wait_for(WcOpcode::Recv)?;
+                    // No receive left behind for the next size's (larger) messages.
+                    if i + 1 < iters {
+                        side.post_recv(size, i as u64)?;
+                    }
+                    side.post_send(size, i as u64)?;
+                }
+            }
+            Test::WriteLat => {
+                side.mr.fill(side.landing, size, 0)?;
+                link.send("ready")?;
+                for i in 0..iters {
+                    side.spin_landing(size, tag(i))?;
+                    side.post_write_tagged(size, rl, tag(i), i as u64)?;
+                }
+            }
+            Test::SendBw => {
+                let first = iters.min(depth.max(16) * 2);
+                for i in 0..first {
+                    side.post_recv(size, i as u64)?;
+                }
+                link.send("ready")?;
+                let (mut posted, mut got) = (first, 0);
+                let mut wc = [WorkCompletion::default(); 32];
+                while got < iters {
+                    let n = side.next_wc(&mut wc)?;
+                    for w in &wc[..n] {
+                        if w.opcode == WcOpcode::Recv {
+                            got += 1;
+                            if posted < iters {
+                                side.post_recv(size, posted as u64)?;
+                                posted += 1;
+                            }
+                        }
+                    }
+                }
+            }
+            // Passive side: the client's READs and WRITEs need nothing from us.
+            Test::ReadLat | Test::WriteBw | Test::ReadBw => link.send("ready")?,
+        }
+        link.expect("done")?;
+        side.drain()?;
+        link.send("done")?;
+    }
+    println!("# vrdma-perf {} server: done", test.name());
+    Ok(())
+}
+
+/// Runs the client side and returns what it measured.
+pub fn client(args: &PerfArgs, host: &str) -> Result<Report> {
+    let sizes = args.sizes();
+    if sizes.contains(&0) {
+        bail!("--size 0 is not supported");
+    }
+    let iters = args.iters().max(1);
+    let addr = if host.contains(':') && !host.starts_with('[') {
+        host.to_string()
+    } else {
+        format!("{host}:{}", args.port)
+    };
+    let baselines = if args.baseline {
+        Some(Baselines::measure(&sizes, iters).context("measuring the baselines")?)
+    } else {
+        None
+    };
+    let s = connect_retry(&addr)?;
+    let mut link = Link::new(s)?;
+    let list: Vec<String> = sizes.iter().map(|s| s.to_string()).collect();
+    link.send(&format!(
+        "vrdma-perf 1 {} {} {iters} {}",
+        args.test.name(),
+        list.join(","),
+        args.tx_depth
+    ))?;
+    let max = *sizes.iter().max().expect("sizes");
+    let mut side = Side::new(args.mode, max, args.tx_depth, args.events)?;
+    let answer = link.recv()?;
+    let Some(peer) = answer.strip_prefix("ok ") else {
+        bail!("the server refused: {answer}");
+    };
+    let (ep, remote) = parse_peer(peer)?;
+    link.send(&side.line())?;
+    side.qp.connect(&ep).context("connect QP")?;
+    let mode = side._ctx.mode();
+    let mut report = Report {
+        test: args.test,
+        mode,
+        events: args.events,
+        latency: Vec::new(),
+        bandwidth: Vec::new(),
+        baselines,
+    };
+    for &size in &sizes {
+        link.send(&format!("go {size}"))?;
+        if args.test == Test::WriteLat {
+            side.mr.fill(side.landing, size, 0)?;
+        }
+        link.expect("ready")?;
+        let rl = remote.slice(side.landing..side.landing + size);
+        if args.test.is_latency() {
+            let rtts = latency_test(&mut side, args.test, size, iters, rl)?;
+            let samples = if args.test.halves() {
+                halve(&rtts)
+            } else {
+                rtts
+            };
+            report
+                .latency
+                .push(LatencyRow::from_samples(size, iters, &samples));
+        } else {
+            let row = bw_test(&mut side, args.test, size, iters, args.tx_depth, rl)?;
+            report.bandwidth.push(row);
+        }
+        link.send("done")?;
+        link.expect("done")?;
+    }
+    link.send("bye")?;
+    Ok(report)
+}
+
+fn connect_retry(addr: &str) -> Result<TcpStream> {
+    let t = Instant::now();
+    loop {
+        match TcpStream::connect(addr) {
+            Ok(s) => return Ok(s),
+            Err(e) if t.elapsed() > Duration::from_secs(10) => {
+                return Err(e).with_context(|| format!("connecting to the server at {addr}"))
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+/// Round trips in µs, one per iteration.
+fn latency_test(
+    side: &mut Side,
+    test: Test,
+    size: usize,
+    iters: usize,
+    remote: RemoteMr,
+) -> Result<Vec<f64>> {
+    let mut rtts = Vec::with_capacity(iters);
+    match test {
+        Test::SendLat => {
+            side.post_recv(size, 0)?;
+            for i in 0..iters {
+                let t = Instant::now();
+                side.post_send(size, i as u64)?;
+                side.wait_for(WcOpcode::Recv)?;
+                rtts.push(t.elapsed().as_secs_f64() * 1e6);
+                if i + 1 < iters {
+                    side.post_recv(size, i as u64)?;
+                }
+            }
+            side.drain()?;
+        }
+        Test::WriteLat => {
+            for i in 0..iters {
+                let t = Instant::now();
+                side.post_write_tagged(size, remote, tag(i), i as u64)?;
+                side.spin_landing(size, tag(i))?;
+                rtts.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        Test::ReadLat => {
+            for i in 0..iters {
+                let t = Instant::now();
+                side.qp
+                    .post_read(&[side.mr.slice(0..size)], remote, i as u64)?;
+                side.wait_for(WcOpcode::RdmaRead)?;
+                rtts.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        _ => unreachable!("not a latency test"),
+    }
+    Ok(rtts)
+}
+
+fn bw_test(
+    side: &mut Side,
+    test: Test,
+    size: usize,
+    iters: usize,
+    depth: usize,
+    remote: RemoteMr,
+) -> Result<BwRow> {
+    let mut wc = [WorkCompletion::default(); 32];
+    let (mut posted, mut done) = (0usize, 0usize);
+    let mut windows = Vec::new();
+    let start = Instant::now();
+    let mut mark = start;
+    while done < iters {
+        while posted < iters && posted - done < depth {
+            let r = match test {
+                Test::SendBw => side.post_send(size, posted as u64),
+                Test::WriteBw => side
+                    .qp
+                    .post_write(&[side.mr.slice(0..size)], remote, posted as u64)
+                    .map_err(Into::into),
+                Test::ReadBw => side
+                    .qp
+                    .post_read(&[side.mr.slice(0..size)], remote, posted as u64)
+                    .map_err(Into::into),
+                _ => unreachable!("not a bandwidth test"),
+            };
+            match r {
+                Ok(()) => posted += 1,
+                Err(e) if matches!(e.downcast_ref(), Some(vrdma::Error::QueueFull { .. })) => break,
+                Err(e) => return Err(e),
+            }
+        }
+        let n = side.next_wc(&mut wc)?;
+        for _ in 0..n {
+            done += 1;
+            if done % depth == 0 {
+                let now = Instant::now();
+                windows.push((now - mark).as_secs_f64());
+                mark = now;
+            }
+        }
+    }
+    let total = start.elapsed().as_secs_f64();
+    Ok(BwRow::new(size, iters, total, depth, &windows))
+}
+
+fn mode_name(m: Mode) -> &'static str {
+    match m {
+        Mode::Bypass => "bypass",
+        Mode::Mediated => "mediated",
+    }
+}
+
+impl Report {
+    /// Which threads busy-poll during the vrdma figures.
+    pub fn spinning(&self) -> String {
+        let poller = if self.events {
+            "0 in the client (blocks on the CQ event channel)"
+        } else {
+            "1 in the client (CQ busy-poll)"
+        };
+        let server = match (self.test, self.events) {
+            (Test::SendLat | Test::WriteLat | Test::SendBw, false) => "1 in the server",
+            (Test::SendLat | Test::SendBw, true) => "0 in the server (events)",
+            (Test::WriteLat, true) => "1 in the server (memory poll)",
+            _ => "0 in the server (passive, blocked in TCP read)",
+        };
+        let engine = match self.mode {
+            Mode::Bypass => "the backend's engine thread(s) (doorbell busy-poll while work flows)",
+            Mode::Mediated => {
+                "the backend's engine thread(s) while work flows; the poster spins briefly per \
+                 control request, then blocks"
+            }
+        };
+        let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+        format!("{poller} + {server} + {engine}; this machine has {cores} cores")
+    }
+
+    /// perftest-style text.
+    pub fn text(&self) -> String {
+        let mut s = String::new();
+        s.push_str(&format!(
+            "# vrdma-perf {}  mode: {}  polling: {}\n# spinning threads: {}\n",
+            self.test.name(),
+            mode_name(self.mode),
+            if self.events { "events" } else { "busy-poll" },
+            self.spinning()
+        ));
+        if self.test.is_latency() {
+            if self.test.halves() {
+                s.push_str("# latency is one-way: round trip / 2 (as perftest)\n");
+            } else {
+                s.push_str("# latency is the round trip (as perftest for READ)\n");
+            }
+            s.push_str(&latency_table(&self.latency));
+        } else {
+            s.push_str(&bw_table(&self.bandwidth));
+        }
+        if let Some(b) = &self.baselines {
+            s.push_str(&self.baseline_text(b));
+        }
+        s
+    }
+
+    fn baseline_text(&self, b: &Baselines) -> String {
+        let mut s = String::from(
+            "# baselines, same process and run: cache-line ping-pong (2 threads spin), \
+             memcpy (1 thread), TCP loopback ping-pong / stream (blocking, 0 spin)\n",
+        );
+        let cl = b.cache_line_rtt.t_typical;
+        if self.test.is_latency() {
+            let k = if self.test.halves() { 0.5 } else { 1.0 };
+            s.push_str(&format!(
+                " {:<7} {:>16} {:>16} {:>10} {:>18} {:>10}\n",
+                "#bytes",
+                "vrdma[usec]",
+                "cache-line[usec]",
+                "ratio",
+                "TCP ping-pong[usec]",
+                "ratio"
+            ));
+            for r in &self.latency {
+                let tcp = b
+                    .size(r.bytes)
+                    .map_or(f64::NAN, |x| x.tcp_pingpong.t_typical * k);
+                s.push_str(&format!(
+                    " {:<7} {:>16.3} {:>16.3} {:>10.2} {:>18.3} {:>10.3}\n",
+                    r.bytes,
+                    r.t_typical,
+                    cl * k,
+                    r.t_typical / (cl * k),
+                    tcp,
+                    r.t_typical / tcp
+                ));
+            }
+            s.push_str(&format!(
+                "# t_typical (median) each; {} for {}\n",
+                if self.test.halves() {
+                    "one-way = RTT/2"
+                } else {
+                    "round trips"
+                },
+                self.test.name()
+            ));
+        } else {
+            s.push_str(&format!(
+                " {:<10} {:>16} {:>16} {:>8} {:>18} {:>8}\n",
+                "#bytes", "vrdma[MB/sec]", "memcpy[MB/sec]", "ratio", "TCP stream[MB/sec]", "ratio"
+            ));
+            for r in &self.bandwidth {
+                let (mc, tcp) = b.size(r.bytes).map_or((f64::NAN, f64::NAN), |x| {
+                    (x.memcpy.bw_avg_mb, x.tcp_stream.bw_avg_mb)
+                });
+                s.push_str(&format!(
+                    " {:<10} {:>16.2} {:>16.2} {:>8.3} {:>18.2} {:>8.3}\n",
+                    r.bytes,
+                    r.bw_avg_mb,
+                    mc,
+                    r.bw_avg_mb / mc,
+                    tcp,
+                    r.bw_avg_mb / tcp
+                ));
+            }
+            s.push_str("# BW average each\n");
+        }
+        s
+    }
+
+    /// The same as one JSON object.
+    pub fn to_json(&self) -> serde_json::Value {
+        use serde_json::json;
+        let lat = |r: &LatencyRow| {
+            json!({"bytes": r.bytes, "iterations": r.iterations, "t_min_usec": r.t_min,
+                "t_max_usec": r.t_max, "t_typical_usec": r.t_typical, "t_avg_usec": r.t_avg,
+                "t_stdev_usec": r.t_stdev, "p99_usec": r.p99, "p99_9_usec": r.p999})
+        };
+        let bw = |r: &BwRow| {
+            json!({"bytes": r.bytes, "iterations": r.iterations, "bw_peak_mb_sec": r.bw_peak_mb,
+                "bw_avg_mb_sec": r.bw_avg_mb, "msg_rate_mpps": r.msg_rate_mpps})
+        };
+        let base = self.baselines.as_ref().map(|b| {
+            json!({
+                "cache_line_rtt": lat(&b.cache_line_rtt),
+                "sizes": b.sizes.iter().map(|x| json!({
+                    "bytes": x.bytes,
+                    "tcp_pingpong_rtt": lat(&x.tcp_pingpong),
+                    "tcp_stream": bw(&x.tcp_stream),
+                    "memcpy": bw(&x.memcpy),
+                })).collect::<Vec<_>>(),
+            })
+        });
+        json!({
+            "test": self.test.name(),
+            "mode": mode_name(self.mode),
+            "polling": if self.events { "events" } else { "busy-poll" },
+            "one_way": self.test.halves(),
+            "spinning_threads": self.spinning(),
+            "latency": self.latency.iter().map(lat).collect::<Vec<_>>(),
+            "bandwidth": self.bandwidth.iter().map(bw).collect::<Vec<_>>(),
+            "baselines": base,
+        })
+    }
+}
