@@ -61,6 +61,11 @@ pub fn backend_bin() -> PathBuf {
 impl Lab {
     /// Starts a host in a fresh directory and the backend as dom0.
     pub fn start() -> Lab {
+        Lab::start_with_config("")
+    }
+
+    /// [`Lab::start`] with a backend configuration file of this TOML text (docs/backend.md).
+    pub fn start_with_config(config: &str) -> Lab {
         let tmp = tempfile::Builder::new()
             .prefix("vrdma-e2e")
             .tempdir()
@@ -74,7 +79,9 @@ impl Lab {
             backend: None,
             _tmp: tmp,
         };
-        lab.start_backend();
+        let cfg = lab._tmp.path().join("backend.toml");
+        std::fs::write(&cfg, config).expect("write the backend config");
+        lab.start_backend(&cfg);
         lab
     }
 
@@ -87,9 +94,10 @@ impl Lab {
             );
     }
 
-    fn start_backend(&mut self) {
+    fn start_backend(&mut self, config: &Path) {
         let mut cmd = Command::new(backend_bin());
         self.domain_env(&mut cmd, DomId(0));
+        cmd.arg("--config").arg(config);
         cmd.stdin(Stdio::null());
         let child = cmd.spawn().expect("spawn vrdma-backend");
         self.backend = Some(child);
