@@ -4,6 +4,7 @@
 //! See docs/benchmarks.md, "vrdma-perf".
 
 pub mod baseline;
+pub mod lab;
 pub mod run;
 pub mod stats;
 

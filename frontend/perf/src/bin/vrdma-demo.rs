@@ -8,23 +8,15 @@
 //!
 //! `cargo run --release --bin vrdma-demo` (add `-- --quick` for a few seconds' version).
 
-use std::io::{BufRead, BufReader, Read};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context as _, Result};
+use anyhow::{bail, Context as _, Result};
 use clap::Parser;
-use vrdma_backend::config::Config;
-use vrdma_backend::control::ControlOpener;
-use vrdma_backend::daemon::host::{self, HostChoice};
-use vrdma_backend::daemon::{self, Daemon, ShutdownHandle};
-use vrdma_backend::device::{Device, SoftDevice};
-use vrdma_backend::toolstack;
+use vrdma_perf::lab::{step, Guest, Lab};
 use vrdma_perf::PerfArgs;
-use xen_platform::sim::{sock, SimControl};
-use xen_platform::{DomId, ENV_SIM_DIR, ENV_SIM_DOMID};
+use xen_platform::DomId;
 
 /// How long one vrdma-perf run may take before the demo calls it a hang.
 const RUN_TIMEOUT: Duration = Duration::from_secs(300);
@@ -74,240 +66,12 @@ fn main() -> ExitCode {
     }
 }
 
-/// The embedded host and the backend daemon running in this process.
-struct Lab {
-    host: Option<host::Host>,
-    daemon: Option<(ShutdownHandle, std::thread::JoinHandle<Result<()>>)>,
-    domains: Vec<DomId>,
-    dir: PathBuf,
-    _tmp: Option<tempfile::TempDir>,
-}
-
-fn step(what: &str) {
-    println!("vrdma-demo: {what}");
-}
-
-impl Lab {
-    fn start(dir: Option<&Path>) -> Result<Lab> {
-        let (dir, tmp) = match dir {
-            Some(d) => (d.to_path_buf(), None),
-            None => {
-                // Short path: Unix socket paths must fit in 108 bytes.
-                let t = tempfile::Builder::new()
-                    .prefix("vrdma-demo-")
-                    .tempdir_in("/tmp")
-                    .context("creating a directory for the simulated host")?;
-                (t.path().to_path_buf(), Some(t))
-            }
-        };
-        step(&format!(
-            "starting the embedded simulated Xen host in {}",
-            dir.display()
-        ));
-        let host = host::start(HostChoice::Embedded(Some(dir.join("host"))))
-            .context("step 1: starting the embedded simulated Xen host")?;
-        let dir = host
-            .sim_dir()
-            .ok_or_else(|| anyhow!("the embedded host is not a simulated host"))?
-            .to_path_buf();
-        step("starting the vrdma backend (software RDMA device) as dom0");
-        let config = Config::default();
-        let device: Arc<dyn Device> = Arc::new(
-            SoftDevice::new(config.engine())
-                .context("step 2: starting the software device engine")?,
-        );
-        let info = daemon::device_info("soft-iwarp", &device.attrs());
-        let platform = host.platform.clone();
-        let dev = device.clone();
-        let d = Daemon::new(
-            Arc::new(host.store.clone()),
-            host.backend_domid,
-            info,
-            config.quotas,
-            daemon::device_stats_source(device.clone()),
-            move |faults| Box::new(ControlOpener::new(platform, dev, faults)),
-        );
-        let shutdown = d.shutdown_handle();
-        let thread = std::thread::Builder::new()
-            .name("vrdma-backend".into())
-            .spawn(move || {
-                let r = d
-                    .run()
-                    .map_err(|e| anyhow!("the backend daemon stopped: {e}"));
-                drop(device);
-                r
-            })
-            .context("step 2: starting the backend thread")?;
-        Ok(Lab {
-            host: Some(host),
-            daemon: Some((shutdown, thread)),
-            domains: Vec::new(),
-            dir,
-            _tmp: tmp,
-        })
-    }
-
-    fn host(&self) -> &host::Host {
-        self.host.as_ref().expect("host running")
-    }
-
-    fn create_guest(&mut self, name: &str) -> Result<DomId> {
-        let sim = self
-            .host()
-            .embedded
-            .as_ref()
-            .ok_or_else(|| anyhow!("no embedded host"))?;
-        let d = sim
-            .create_domain(Some(name), None)
-            .with_context(|| format!("step 3: creating guest domain {name}"))?;
-        self.domains.push(d);
-        let h = self.host();
-        toolstack::attach_device(
-            &h.store,
-            u32::from(d.0),
-            h.backend_domid,
-            0,
-            &Config::default().quotas,
-        )
-        .with_context(|| format!("step 4: attaching a vrdma device to domain {}", d.0))?;
-        step(&format!(
-            "created domain {} ({name}) and attached vrdma device 0 to it",
-            d.0
-        ));
-        Ok(d)
-    }
-
-    /// This binary as `vrdma-perf` in `domid`, adopted by the host (a domain destroy kills it).
-    fn spawn_perf(&self, domid: DomId, args: &[String]) -> Result<Guest> {
-        let exe = std::env::current_exe().context("finding this executable")?;
-        let mut cmd = Command::new(exe);
-        cmd.arg("__perf")
-            .args(args)
-            .env(ENV_SIM_DIR, &self.dir)
-            .env(ENV_SIM_DOMID, domid.0.to_string())
-            .env("XENSTORED_PATH", sock::xenstore_socket(&self.dir, domid.0))
-            .env_remove("VRDMA_MODE")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("starting vrdma-perf in domain {}", domid.0))?;
-        let ctl =
-            SimControl::connect(&self.dir).context("connecting to the host's control socket")?;
-        ctl.adopt(domid, child.id())
-            .with_context(|| format!("the host adopting vrdma-perf in domain {}", domid.0))?;
-        Guest::new(child, ctl)
-    }
-
-    fn stop(&mut self) -> Result<()> {
-        let mut first_err = None;
-        if let Some(h) = &self.host {
-            if let Some(sim) = &h.embedded {
-                for d in self.domains.drain(..) {
-                    if let Err(e) = sim.destroy_domain(d) {
-                        first_err.get_or_insert(anyhow!("destroying domain {}: {e}", d.0));
-                    }
-                }
-            }
-        }
-        if let Some((shutdown, thread)) = self.daemon.take() {
-            shutdown.shutdown();
-            match thread.join() {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    first_err.get_or_insert(e);
-                }
-                Err(_) => {
-                    first_err.get_or_insert(anyhow!("the backend thread panicked"));
-                }
-            }
-        }
-        if let Some(h) = self.host.take() {
-            drop(h);
-        }
-        let top = match self._tmp.take() {
-            Some(t) => t.path().to_path_buf(),
-            None => self.dir.clone(),
-        };
-        if let Err(e) = std::fs::remove_dir_all(&top) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                first_err.get_or_insert(anyhow!("removing {}: {e}", top.display()));
-            }
-        }
-        self.dir = top;
-        first_err.map_or(Ok(()), Err)
-    }
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        if self.host.is_some() {
-            let _ = self.stop();
-        }
-    }
-}
-
-/// A vrdma-perf process in a guest domain.
-struct Guest {
-    child: Child,
-    _ctl: SimControl,
-    stdout: std::sync::mpsc::Receiver<String>,
-    stderr: std::thread::JoinHandle<String>,
-}
-
-impl Guest {
-    fn new(mut child: Child, ctl: SimControl) -> Result<Guest> {
-        let out = child.stdout.take().expect("piped stdout");
-        let mut err = child.stderr.take().expect("piped stderr");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let stderr = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = err.read_to_string(&mut s);
-            s
-        });
-        Ok(Guest {
-            child,
-            _ctl: ctl,
-            stdout: rx,
-            stderr,
-        })
-    }
-
-    /// Waits for the process to end (killing it after `timeout`); its stdout and stderr.
-    fn finish(mut self, timeout: Duration) -> (bool, String, String) {
-        let deadline = Instant::now() + timeout;
-        let ok = loop {
-            match self.child.try_wait() {
-                Ok(Some(s)) => break s.success(),
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                _ => {
-                    let _ = self.child.kill();
-                    let _ = self.child.wait();
-                    break false;
-                }
-            }
-        };
-        let out: Vec<String> = self.stdout.try_iter().collect();
-        let mut out = out.join("\n");
-        // The reader thread may still be draining: give it a moment.
-        while let Ok(l) = self.stdout.recv_timeout(Duration::from_millis(200)) {
-            out.push('\n');
-            out.push_str(&l);
-        }
-        let err = self.stderr.join().unwrap_or_default();
-        (ok, out, err)
-    }
+/// This binary as `vrdma-perf` in `domid`.
+fn spawn_perf(lab: &Lab, domid: DomId, args: &[String]) -> Result<Guest> {
+    let exe = std::env::current_exe().context("finding this executable")?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("__perf").args(args).env_remove("VRDMA_MODE");
+    lab.spawn(domid, cmd)
 }
 
 /// One vrdma-perf run between the two domains; returns the client's report (text) and JSON.
@@ -326,7 +90,7 @@ fn perf(
         v.extend(extra.iter().map(|s| s.to_string()));
         v
     };
-    let srv = lab.spawn_perf(server, &common(&["--port", "0"]))?;
+    let mut srv = spawn_perf(lab, server, &common(&["--port", "0"]))?;
     let first = srv.stdout.recv_timeout(Duration::from_secs(30));
     let port = match first
         .as_deref()
@@ -357,7 +121,7 @@ fn perf(
         "--json-out",
         json_path.to_str().expect("utf-8 path"),
     ]);
-    let cl = lab.spawn_perf(client, &cli_args)?;
+    let mut cl = spawn_perf(lab, client, &cli_args)?;
     let (cok, cout, cerr) = cl.finish(RUN_TIMEOUT);
     let (sok, sout, serr) = srv.finish(Duration::from_secs(if cok { 30 } else { 2 }));
     if !cok || !sok {
