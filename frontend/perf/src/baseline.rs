@@ -16,23 +16,37 @@ use crate::stats::{BwRow, LatencyRow};
 #[repr(align(128))]
 struct Line(AtomicU64);
 
+/// Longest a baseline keeps sampling (a loaded machine can make each sample take a time slice).
+pub const BASELINE_TIME_CAP: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Round trips (µs) of a bare cache-line ping-pong: two threads, both spinning, each
-/// release-storing a counter on its own line and acquire-spinning on the other's.
+/// release-storing a counter on its own line and acquire-spinning on the other's. Stops
+/// after `iters` round trips or [`BASELINE_TIME_CAP`] (at least 100).
 pub fn cache_line_rtts(iters: usize) -> Vec<f64> {
     let ping = Arc::new(Line(AtomicU64::new(0)));
     let pong = Arc::new(Line(AtomicU64::new(0)));
     let (p2, q2) = (ping.clone(), pong.clone());
     let n = iters as u64;
     let echo = std::thread::spawn(move || {
-        for i in 1..=n {
-            while p2.0.load(Ordering::Acquire) != i {
-                std::hint::spin_loop();
+        let mut i = 1;
+        while i <= n {
+            let v = p2.0.load(Ordering::Acquire);
+            if v == i {
+                q2.0.store(i, Ordering::Release);
+                i += 1;
+            } else if v == u64::MAX {
+                break;
             }
-            q2.0.store(i, Ordering::Release);
+            std::hint::spin_loop();
         }
     });
+    let start = Instant::now();
     let mut rtts = Vec::with_capacity(iters);
     for i in 1..=n {
+        if i > 100 && start.elapsed() > BASELINE_TIME_CAP {
+            ping.0.store(u64::MAX, Ordering::Release);
+            break;
+        }
         let t = Instant::now();
         ping.0.store(i, Ordering::Release);
         while pong.0.load(Ordering::Acquire) != i {
@@ -68,8 +82,21 @@ fn loopback_pair() -> Result<(TcpStream, TcpStream)> {
 }
 
 /// Round trips (µs) of a TCP ping-pong over loopback with `size`-byte messages (blocking
-/// sockets, `TCP_NODELAY`: no thread spins).
+/// sockets, `TCP_NODELAY`: no thread spins). At most `iters` round trips; fewer (at least 100)
+/// if the first 100 say the rest would take longer than [`BASELINE_TIME_CAP`].
 pub fn tcp_pingpong_rtts(size: usize, iters: usize) -> Result<Vec<f64>> {
+    let probe = tcp_pingpong_n(size, iters.min(100))?;
+    let per = probe.iter().sum::<f64>() / probe.len().max(1) as f64;
+    let more = ((BASELINE_TIME_CAP.as_secs_f64() * 1e6 / per.max(0.001)) as usize)
+        .min(iters.saturating_sub(probe.len()));
+    let mut all = probe;
+    if more > 0 {
+        all.extend(tcp_pingpong_n(size, more)?);
+    }
+    Ok(all)
+}
+
+fn tcp_pingpong_n(size: usize, iters: usize) -> Result<Vec<f64>> {
     let (mut a, mut b) = loopback_pair()?;
     let echo = std::thread::spawn(move || -> std::io::Result<()> {
         let mut buf = vec![0u8; size];
