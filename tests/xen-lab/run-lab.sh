@@ -6,7 +6,7 @@
 # their ramdisk (/lab/bin). Prints the serial log with timestamps; exit 0 iff PASS.
 #
 # Environment: LAB_BUILD (images, default target/xen-lab), LAB_TIMEOUT (hard limit for QEMU,
-# default 400 s), LAB_MEM (MiB, default 1536), LAB_SMP (default 2), LAB_CPU (default
+# default 900 s: about 60 s are needed on an idle machine, several times that on a busy one), LAB_MEM (MiB, default 1536), LAB_SMP (default 2), LAB_CPU (default
 # Haswell-noTSX-IBRS: models with SMAP crash a PV dom0 under TCG).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -23,7 +23,7 @@ command -v qemu-system-x86_64 >/dev/null || { echo "qemu-system-x86_64 missing (
 CPU=${LAB_CPU:-Haswell-noTSX-IBRS}
 MEM=${LAB_MEM:-1536}
 SMP=${LAB_SMP:-2}
-TIMEOUT=${LAB_TIMEOUT:-400}
+TIMEOUT=${LAB_TIMEOUT:-900}
 
 # The share: scenario, binaries for dom0, the domUs' extra cpio, out/ for results.
 SHARE=$B/share-$SCEN

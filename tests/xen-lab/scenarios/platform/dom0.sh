@@ -2,6 +2,8 @@
 # xs-probe (xenstore-proto example) and platform-probe (xen-platform example).
 ROUNDS=200
 fail=0
+# xen-platform's real-device tests (grant to self, read-only map, event loopback, unmap-notify).
+xen-platform-real-xen-tests --ignored --test-threads=1 || { lab_log "real_xen tests FAILED in dom0"; fail=1; }
 xs-probe --socket /run/xenstored/socket selftest /local/domain/0/data/xs-probe-socket || fail=1
 xs-probe --xenbus selftest /local/domain/0/data/xs-probe-xenbus || fail=1
 
