@@ -1,0 +1,53 @@
+# split scenario, dom0 side (sourced by init-dom0.sh; lab-lib.sh loaded). Needs on PATH:
+# vrdma-backend, vrdmactl (backend crate) and, in the domUs, vrdma-guest (tests crate).
+fail=0
+RUST_LOG=info vrdma-backend > /run/lab/backend.log 2>&1 &
+BACKEND=$!
+lab_start_domU labU1 || exit 1
+lab_start_domU labU2 || exit 1
+D1=$(lab_domid labU1); D2=$(lab_domid labU2)
+for d in $D1 $D2; do
+    vrdmactl attach "$d" --timeout 60 || { lab_log "vrdmactl attach $d FAILED"; fail=1; }
+done
+vrdmactl list
+xenstore-write /lab/ready 1
+lab_share_readable /lab "$D1" "$D2"
+lab_share_readable /lab/ready "$D1" "$D2"
+
+# Relay a key from one domU's data/ to the other as /lab/relay/<key>/<from> (domUs cannot read
+# each other's directories): endpoints per mode, then labU1's "done" so labU2 keeps its QP until
+# labU1 has all its completions.
+relay() {
+    from=$1; to=$2; key=$3
+    i=0
+    until v=$(xenstore-read "/local/domain/$(lab_domid $from)/data/$key" 2>/dev/null); do
+        i=$((i+1)); [ $i -gt 600 ] && { lab_log "no $key from $from"; return 1; }
+        sleep 0.5
+    done
+    xenstore-write "/lab/relay/$key/$from" "$v"
+    lab_share_readable "/lab/relay/$key/$from" "$(lab_domid $to)"
+    lab_log "relayed $from's $key to $to: $v"
+}
+for mode in bypass mediated; do
+    relay labU1 labU2 vrdma-ep-$mode || fail=1
+    relay labU2 labU1 vrdma-ep-$mode || fail=1
+    relay labU1 labU2 vrdma-done-$mode || fail=1
+done
+for name in labU1 labU2; do
+    r=$(lab_wait_result $name 300)
+    lab_log "$name result: $r"
+    [ "$r" = ok ] || fail=1
+done
+vrdmactl stats || fail=1
+for d in $D1 $D2; do
+    vrdmactl detach "$d" --timeout 60 || { lab_log "vrdmactl detach $d FAILED"; fail=1; }
+done
+vrdmactl list
+for name in labU1 labU2; do lab_ack $name; done
+lab_wait_gone labU1
+lab_wait_gone labU2
+kill "$BACKEND"
+wait "$BACKEND" || { lab_log "vrdma-backend exited with an error"; fail=1; }
+echo "---- vrdma-backend log ----"; tail -n 60 /run/lab/backend.log
+grep -q -i "panic" /run/lab/backend.log && { lab_log "backend panicked"; fail=1; }
+exit $fail
