@@ -624,3 +624,99 @@ fn mediated_mode_serves_posts_and_polls() {
         std::thread::yield_now();
     }
 }
+
+#[test]
+fn per_qp_counters_follow_the_work_and_go_with_the_qp() {
+    use vrdma_backend::device::{DomId, QpStats};
+    let dev = device();
+    let mut p = pair(&dev);
+    // A second, idle QP on a's channel: its counters stay at zero.
+    let idle = p.a.qp(&dev, &p.acq, &p.acq, 4);
+    let local = p.a.mr(&dev, 1 << 16, ALL);
+    let remote = p.b.mr(&dev, 1 << 16, ALL);
+    // SEND 100 bytes into a RECV.
+    p.bqp.post_recv(&dev, 1, &[remote.sge(0, 4096)]);
+    p.aqp.post_send(
+        &dev,
+        &wqe(WqeOpcode::Send, 1, &[local.sge(0, 100)], (0, 0), 0),
+    );
+    assert_eq!(p.acq.wait(&dev).status, CqeStatus::Success);
+    assert_eq!(p.bcq.wait(&dev).status, CqeStatus::Success);
+    // RDMA WRITE 4096, RDMA READ 512: no RECV consumed.
+    for (op, len) in [(WqeOpcode::RdmaWrite, 4096), (WqeOpcode::RdmaRead, 512)] {
+        let w = wqe(
+            op,
+            2,
+            &[local.sge(0, len)],
+            (remote.iova, remote.keys.rkey),
+            0,
+        );
+        p.aqp.post_send(&dev, &w);
+        assert_eq!(p.acq.wait(&dev).status, CqeStatus::Success);
+    }
+    let stats = |ch| -> Vec<QpStats> { dev.qp_stats(ch) };
+    let a = stats(p.a.id);
+    assert_eq!(a.len(), 2);
+    let aq = a.iter().find(|s| s.qp == p.aqp.num).expect("a's QP listed");
+    assert_eq!(
+        (aq.state, aq.ops, aq.bytes, aq.errors, aq.recvs),
+        (QpState::Rts, 3, 100 + 4096 + 512, 0, 0)
+    );
+    let iq = a.iter().find(|s| s.qp == idle.num).expect("idle QP listed");
+    assert_eq!(
+        (iq.state, iq.ops, iq.bytes, iq.errors, iq.recvs),
+        (QpState::Init, 0, 0, 0, 0)
+    );
+    let b = stats(p.b.id);
+    assert_eq!(b.len(), 1);
+    assert_eq!(
+        (b[0].qp, b[0].ops, b[0].bytes, b[0].errors, b[0].recvs),
+        (p.bqp.num, 1, 100, 0, 1)
+    );
+    // A SEND larger than the RECV: an error completion on both sides.
+    p.bqp.post_recv(&dev, 3, &[remote.sge(0, 4)]);
+    p.aqp.post_send(
+        &dev,
+        &wqe(WqeOpcode::Send, 3, &[local.sge(0, 8)], (0, 0), 0),
+    );
+    assert_eq!(p.acq.wait(&dev).status, CqeStatus::RemoteInvalidRequest);
+    assert_eq!(p.bcq.wait(&dev).status, CqeStatus::LocalLengthError);
+    let aq = stats(p.a.id)
+        .into_iter()
+        .find(|s| s.qp == p.aqp.num)
+        .unwrap();
+    assert_eq!(
+        (aq.state, aq.ops, aq.bytes, aq.errors),
+        (QpState::Error, 4, 100 + 4096 + 512, 1)
+    );
+    let bq = stats(p.b.id)[0];
+    assert_eq!(
+        (bq.state, bq.ops, bq.bytes, bq.errors, bq.recvs),
+        (QpState::Error, 2, 100, 1, 2)
+    );
+    // The QPs of a channel add up to the channel's work counters.
+    for ch in [p.a.id, p.b.id] {
+        let c = dev.stats(ch);
+        let q = stats(ch);
+        assert_eq!(
+            (
+                q.iter().map(|s| s.ops).sum::<u64>(),
+                q.iter().map(|s| s.bytes).sum::<u64>(),
+                q.iter().map(|s| s.errors).sum::<u64>()
+            ),
+            (c.ops, c.bytes, c.errors)
+        );
+    }
+    assert_eq!(dev.domain_qp_stats(DomId(2)), stats(p.b.id));
+    // Destroyed QPs and closed channels leave nothing behind.
+    dev.destroy_qp(p.a.id, idle.num).unwrap();
+    assert_eq!(
+        stats(p.a.id).iter().map(|s| s.qp).collect::<Vec<_>>(),
+        vec![p.aqp.num]
+    );
+    dev.close_channel(p.b.id);
+    assert!(stats(p.b.id).is_empty());
+    assert!(dev.domain_qp_stats(DomId(2)).is_empty());
+    dev.close_channel(p.a.id);
+    assert!(dev.domain_qp_stats(DomId(1)).is_empty());
+}

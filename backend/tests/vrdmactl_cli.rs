@@ -371,3 +371,123 @@ fn list_and_stats_show_channels_and_resources_then_zero() {
         assert_eq!(stats[0]["counters"][k], 0, "{k}: {stats}");
     }
 }
+
+#[test]
+fn stats_shows_per_qp_counters_until_the_qps_go() {
+    use shared_ring::abi::cqe::CqeStatus;
+    use shared_ring::abi::wqe::WqeOpcode;
+    use vrdma_backend::device::testkit::{connect, wqe, TestChannel};
+    use vrdma_backend::device::ChannelMode;
+
+    let s = Stack::start();
+    let d = s.new_domain();
+    ok(&s, &["attach", &d.to_string()]);
+    wait_value(&*s.dom0, &s.backend_node(d, "state"), "2");
+    // Two channels of domain d on the daemon's device, played in-process (testkit): a QP pair
+    // with a SEND of 100 bytes and an RDMA WRITE of 4096 bytes from a to b.
+    let dev = &*s.device;
+    let mut a = TestChannel::open(dev, d as u16, ChannelMode::Bypass);
+    let mut b = TestChannel::open(dev, d as u16, ChannelMode::Bypass);
+    let (mut acq, mut bcq) = (a.cq(dev, 6), b.cq(dev, 6));
+    let mut aqp = a.qp(dev, &acq, &acq, 4);
+    let mut bqp = b.qp(dev, &bcq, &bcq, 4);
+    connect(dev, &aqp, &bqp);
+    let src = a.mr(dev, 8192, access::ALL);
+    let dst = b.mr(dev, 8192, access::ALL);
+    bqp.post_recv(dev, 1, &[dst.sge(0, 4096)]);
+    aqp.post_send(dev, &wqe(WqeOpcode::Send, 1, &[src.sge(0, 100)], (0, 0), 0));
+    let w = wqe(
+        WqeOpcode::RdmaWrite,
+        2,
+        &[src.sge(0, 4096)],
+        (dst.iova, dst.keys.rkey),
+        0,
+    );
+    aqp.post_send(dev, &w);
+    for _ in 0..2 {
+        assert_eq!(acq.wait(dev).status, CqeStatus::Success);
+    }
+    assert_eq!(bcq.wait(dev).status, CqeStatus::Success);
+
+    // The daemon publishes them on its next stats round.
+    let (an, bn) = (aqp.num.0, bqp.num.0);
+    wait_value(
+        &*s.dom0,
+        &s.backend_node(d, &format!("stats/qp/{bn}/bytes")),
+        "100",
+    );
+    wait_value(
+        &*s.dom0,
+        &s.backend_node(d, &format!("stats/qp/{an}/bytes")),
+        "4196",
+    );
+    let stats: serde_json::Value =
+        serde_json::from_str(&ok(&s, &["stats", &d.to_string(), "--json"])).unwrap();
+    let qps = &stats[0]["groups"]["qp"];
+    let (qa, qb) = (&qps[an.to_string()], &qps[bn.to_string()]);
+    assert_eq!(
+        (
+            &qa["ops"],
+            &qa["bytes"],
+            &qa["errors"],
+            &qa["recvs"],
+            &qa["state"]
+        ),
+        (
+            &serde_json::json!(2),
+            &serde_json::json!(4196),
+            &serde_json::json!(0),
+            &serde_json::json!(0),
+            &serde_json::json!("rts")
+        ),
+        "{stats}"
+    );
+    assert_eq!(
+        (&qb["ops"], &qb["bytes"], &qb["errors"], &qb["recvs"]),
+        (
+            &serde_json::json!(1),
+            &serde_json::json!(100),
+            &serde_json::json!(0),
+            &serde_json::json!(1)
+        ),
+        "{stats}"
+    );
+    let table = ok(&s, &["stats", &d.to_string()]);
+    let header = table
+        .lines()
+        .find(|l| l.trim_start().starts_with("qp "))
+        .unwrap_or_else(|| panic!("no qp table: {table}"));
+    let cols: Vec<&str> = header.split_whitespace().collect();
+    assert_eq!(
+        cols,
+        ["qp", "state", "ops", "bytes", "errors", "recvs"],
+        "{table}"
+    );
+    let row: Vec<&str> = table
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(&an.to_string()))
+        .unwrap_or_else(|| panic!("no row for QP {an}: {table}"))
+        .split_whitespace()
+        .collect();
+    assert_eq!(row[1..], ["rts", "2", "4196", "0", "0"], "{table}");
+
+    // Destroying a QP removes its directory; its peer goes to Error.
+    dev.destroy_qp(b.id, bqp.num).unwrap();
+    wait_for(
+        &*s.dom0,
+        &s.backend_node(d, &format!("stats/qp/{bn}")),
+        |v| v.is_none(),
+    );
+    wait_value(
+        &*s.dom0,
+        &s.backend_node(d, &format!("stats/qp/{an}/state")),
+        "error",
+    );
+    // Closing the last channel (what reclaim does when the process dies) leaves nothing.
+    dev.close_channel(a.id);
+    dev.close_channel(b.id);
+    wait_for(&*s.dom0, &s.backend_node(d, "stats/qp"), |v| v.is_none());
+    let stats: serde_json::Value =
+        serde_json::from_str(&ok(&s, &["stats", &d.to_string(), "--json"])).unwrap();
+    assert!(stats[0]["groups"].get("qp").is_none(), "{stats}");
+}

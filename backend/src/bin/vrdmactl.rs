@@ -419,19 +419,33 @@ fn stats_table(all: &[DeviceStats]) -> String {
             let _ = writeln!(out, "  {k:<14} {v:>14}");
         }
         for (group, members) in &s.groups {
-            let keys: std::collections::BTreeSet<&String> =
-                members.values().flat_map(|m| m.keys()).collect();
+            // Well-known columns first, then any others by name.
+            const FIRST: [&str; 5] = ["state", "ops", "bytes", "errors", "recvs"];
+            let present: std::collections::BTreeSet<&str> = members
+                .values()
+                .flat_map(|m| m.keys().map(String::as_str))
+                .collect();
+            let mut keys: Vec<&str> = FIRST
+                .iter()
+                .copied()
+                .filter(|k| present.contains(k))
+                .collect();
+            keys.extend(present.iter().filter(|k| !FIRST.contains(k)));
+            // Numeric ids in numeric order.
+            let mut ids: Vec<&String> = members.keys().collect();
+            ids.sort_by_key(|id| (id.parse::<u64>().unwrap_or(u64::MAX), id.as_str()));
             let _ = write!(out, "  {group:<8}");
             for k in &keys {
-                let _ = write!(out, " {k:>12}");
+                let _ = write!(out, " {k:>14}");
             }
             let _ = writeln!(out);
-            for (id, m) in members {
+            for id in ids {
+                let m = &members[id];
                 let _ = write!(out, "  {id:<8}");
                 for k in &keys {
                     let _ = write!(
                         out,
-                        " {:>12}",
+                        " {:>14}",
                         m.get(*k).map_or("-".to_owned(), |v| v.to_string())
                     );
                 }

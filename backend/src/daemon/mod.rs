@@ -97,18 +97,52 @@ pub fn device_info(kind: &str, attrs: &DeviceAttrs) -> DeviceInfo {
     }
 }
 
-/// The per-domain device counters published under `stats/` next to the resource counts.
+/// The per-domain device counters published under `stats/` next to the resource counts, and
+/// the counters of each live QP of the domain under `stats/qp/<qpn>/` (`ops`, `bytes`,
+/// `errors`, `recvs`, `state`).
 pub fn device_stats_source(device: Arc<dyn Device>) -> crate::xenbus::StatsSource {
     Box::new(move |domid| {
-        let s = device.domain_stats(xen_platform::DomId(domid as u16));
-        vec![
-            ("ops", s.ops),
-            ("bytes", s.bytes),
-            ("errors", s.errors),
-            ("notifications", s.notifications),
-            ("events", s.events),
-        ]
+        let domid = xen_platform::DomId(domid as u16);
+        let s = device.domain_stats(domid);
+        let qps = device
+            .domain_qp_stats(domid)
+            .into_iter()
+            .map(|q| {
+                let keys = BTreeMap::from([
+                    ("ops", q.ops.to_string()),
+                    ("bytes", q.bytes.to_string()),
+                    ("errors", q.errors.to_string()),
+                    ("recvs", q.recvs.to_string()),
+                    ("state", qp_state_name(q.state).to_owned()),
+                ]);
+                (q.qp.0, keys)
+            })
+            .collect();
+        crate::xenbus::StatsSnapshot {
+            counters: vec![
+                ("ops", s.ops),
+                ("bytes", s.bytes),
+                ("errors", s.errors),
+                ("notifications", s.notifications),
+                ("events", s.events),
+            ],
+            qps,
+        }
     })
+}
+
+/// The name a QP state is published under (`stats/qp/<qpn>/state`).
+pub fn qp_state_name(s: shared_ring::abi::control::QpState) -> &'static str {
+    use shared_ring::abi::control::QpState;
+    match s {
+        QpState::Reset => "reset",
+        QpState::Init => "init",
+        QpState::Rtr => "rtr",
+        QpState::Rts => "rts",
+        QpState::Sqd => "sqd",
+        QpState::Sqe => "sqe",
+        QpState::Error => "error",
+    }
 }
 
 /// The daemon's control plane.

@@ -165,6 +165,7 @@ fn run_sq(ctx: &Ctx<'_>, qp: &Arc<Qp>) -> bool {
                         s.sq.release();
                         qp.ch.stats.op(0);
                         qp.ch.stats.error();
+                        qp.counters.send(false, 0);
                         let c = cqe(qp, wr_id_of(&raw), CqeOpcode::Send, CqeStatus::BadWqe, 0);
                         let kept = qp.send_cq.complete(&c, true);
                         qp.fail((!kept).then_some(EventKind::QpFatal));
@@ -191,6 +192,7 @@ fn run_sq(ctx: &Ctx<'_>, qp: &Arc<Qp>) -> bool {
                 if !ok {
                     qp.ch.stats.error();
                 }
+                qp.counters.send(ok, len);
                 if !ok || qp.sig_all || wqe.flags & flags::SIGNALED != 0 {
                     let c = cqe(qp, wqe.wr_id, cqe_opcode(wqe.opcode), status, len);
                     if !qp.send_cq.complete(&c, false) {
@@ -354,6 +356,7 @@ fn deliver(
     if !ok {
         peer.ch.stats.error();
     }
+    peer.counters.recv(ok, len);
     let mut c = cqe(
         peer,
         wr_id_of(&raw),

@@ -245,6 +245,27 @@ pub struct DeviceStats {
     pub qps: u64,
 }
 
+/// Counters of one QP, cumulative since it was created (they go with it).
+///
+/// They count what the channel's [`DeviceStats`] `ops`/`bytes`/`errors` count, split by QP: a
+/// send WQE is counted at the QP that posted it, a RECV at the QP whose receive queue it was
+/// consumed from, so the QPs of a channel add up to the channel's work counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct QpStats {
+    pub qp: QpNum,
+    /// The QP's state now.
+    pub state: QpState,
+    /// Work requests executed: send WQEs and RECVs consumed, successful or not (flushes
+    /// excluded).
+    pub ops: u64,
+    /// Payload bytes moved by its successful work requests (sent, read, written or received).
+    pub bytes: u64,
+    /// Error completions of its work requests (flushes excluded).
+    pub errors: u64,
+    /// Of `ops`, the RECVs consumed.
+    pub recvs: u64,
+}
+
 /// Engine configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EngineConfig {
@@ -368,4 +389,15 @@ pub trait Device: Send + Sync {
     fn stats(&self, ch: ChannelId) -> DeviceStats;
     /// Counters of a domain: cumulative work counters, resources of its open channels.
     fn domain_stats(&self, domid: DomId) -> DeviceStats;
+    /// Counters of every live QP of a channel, by QP number (none for an unknown or closed
+    /// channel). A destroyed QP is gone from the list.
+    fn qp_stats(&self, ch: ChannelId) -> Vec<QpStats> {
+        let _ = ch;
+        Vec::new()
+    }
+    /// Counters of every live QP of a domain's open channels, by QP number.
+    fn domain_qp_stats(&self, domid: DomId) -> Vec<QpStats> {
+        let _ = domid;
+        Vec::new()
+    }
 }

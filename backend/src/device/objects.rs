@@ -18,7 +18,7 @@ use shared_ring::queue::Producer;
 use shared_ring::WqConsumer;
 
 use super::engine::EngineShared;
-use super::stats::ChanStats;
+use super::stats::{ChanStats, QpCounters};
 use super::{ChannelId, ChannelMode, CqId, DomId, Notifier, PdId, QpNum};
 
 /// Locks a mutex, recovering from poisoning: the protected state is plain data that stays
@@ -285,6 +285,8 @@ pub(crate) struct Qp {
     /// Engine index + 1 of an engine whose QP waits for a RECV here (0: none).
     pub(crate) rnr_waiter: AtomicUsize,
     pub(crate) destroyed: AtomicBool,
+    /// The QP's own work counters (relaxed atomics; see [`QpCounters`]).
+    pub(crate) counters: QpCounters,
 }
 
 pub(crate) fn state_from(v: u32) -> QpState {
@@ -320,6 +322,7 @@ impl Qp {
             recv: Mutex::new(RecvSide { rq }),
             rnr_waiter: AtomicUsize::new(0),
             destroyed: AtomicBool::new(false),
+            counters: QpCounters::default(),
         }
     }
 

@@ -768,4 +768,31 @@ impl Device for SoftDevice {
             .map(|c| c.snapshot())
             .unwrap_or_default()
     }
+
+    fn qp_stats(&self, ch: ChannelId) -> Vec<QpStats> {
+        let t = self.tables();
+        let Some(e) = t.channels.get(&ch) else {
+            return Vec::new();
+        };
+        let mut out: Vec<QpStats> = e
+            .qps
+            .keys()
+            .filter_map(|n| t.qps.get(n))
+            .map(|q| q.counters.snapshot(q.num, q.state()))
+            .collect();
+        out.sort_unstable_by_key(|s| s.qp.0);
+        out
+    }
+
+    fn domain_qp_stats(&self, domid: DomId) -> Vec<QpStats> {
+        let t = self.tables();
+        let mut out: Vec<QpStats> = t
+            .qps
+            .values()
+            .filter(|q| q.ch.domid == domid && !q.ch.closed.load(Ordering::Relaxed))
+            .map(|q| q.counters.snapshot(q.num, q.state()))
+            .collect();
+        out.sort_unstable_by_key(|s| s.qp.0);
+        out
+    }
 }

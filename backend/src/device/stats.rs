@@ -4,7 +4,9 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
-use super::DeviceStats;
+use shared_ring::abi::control::QpState;
+
+use super::{DeviceStats, QpNum, QpStats};
 
 /// One set of counters.
 #[derive(Debug, Default)]
@@ -109,5 +111,43 @@ impl ChanStats {
                 b.fetch_sub(v, Relaxed);
             }
         });
+    }
+}
+
+/// The counters of one QP. The engine that executes a send WQE updates its QP's counters; the
+/// engine that delivers to a RECV updates the receiving QP's. Relaxed atomics: no ordering
+/// with the data is promised, only that every update is counted.
+#[derive(Debug, Default)]
+pub(crate) struct QpCounters {
+    ops: AtomicU64,
+    bytes: AtomicU64,
+    errors: AtomicU64,
+    recvs: AtomicU64,
+}
+
+impl QpCounters {
+    /// A send WQE executed (`ok`: successfully, `bytes` moved).
+    pub(crate) fn send(&self, ok: bool, bytes: u64) {
+        self.ops.fetch_add(1, Relaxed);
+        if ok {
+            self.bytes.fetch_add(bytes, Relaxed);
+        } else {
+            self.errors.fetch_add(1, Relaxed);
+        }
+    }
+    /// A RECV consumed (`ok`: successfully, `bytes` delivered into it).
+    pub(crate) fn recv(&self, ok: bool, bytes: u64) {
+        self.recvs.fetch_add(1, Relaxed);
+        self.send(ok, bytes);
+    }
+    pub(crate) fn snapshot(&self, qp: QpNum, state: QpState) -> QpStats {
+        QpStats {
+            qp,
+            state,
+            ops: self.ops.load(Relaxed),
+            bytes: self.bytes.load(Relaxed),
+            errors: self.errors.load(Relaxed),
+            recvs: self.recvs.load(Relaxed),
+        }
     }
 }

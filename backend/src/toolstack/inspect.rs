@@ -54,8 +54,42 @@ pub struct DeviceStats {
     /// `stats/<key>`: resources held now (`channels`, `pds`, `mrs`, `mr-pages`, `cqs`, `qps`)
     /// and cumulative device counters (`ops`, `bytes`, `errors`, `notifications`, `events`).
     pub counters: BTreeMap<String, u64>,
-    /// `stats/<group>/<id>/<key>`, e.g. per-QP counters under `stats/qp/<qpn>/`.
-    pub groups: BTreeMap<String, BTreeMap<String, BTreeMap<String, u64>>>,
+    /// `stats/<group>/<id>/<key>`, e.g. per-QP counters under `stats/qp/<qpn>/` (`ops`,
+    /// `bytes`, `errors`, `recvs` and the QP's `state`).
+    pub groups: BTreeMap<String, BTreeMap<String, BTreeMap<String, StatValue>>>,
+}
+
+/// A value under `stats/<group>/<id>/`: a counter, or text such as a QP's state.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(untagged)]
+pub enum StatValue {
+    Number(u64),
+    Text(String),
+}
+
+impl StatValue {
+    fn parse(v: &str) -> StatValue {
+        let v = v.trim();
+        v.parse()
+            .map_or_else(|_| StatValue::Text(v.to_owned()), StatValue::Number)
+    }
+
+    /// The counter, if it is one.
+    pub fn number(&self) -> Option<u64> {
+        match self {
+            StatValue::Number(n) => Some(*n),
+            StatValue::Text(_) => None,
+        }
+    }
+}
+
+impl std::fmt::Display for StatValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StatValue::Number(n) => n.fmt(f),
+            StatValue::Text(t) => f.write_str(t),
+        }
+    }
 }
 
 impl DeviceStats {
@@ -184,8 +218,8 @@ pub fn device_stats(
         for id in children(store, &path)? {
             let mut counters = BTreeMap::new();
             for k in children(store, &format!("{path}/{id}"))? {
-                if let Some(v) = read_number(store, &format!("{path}/{id}/{k}"))? {
-                    counters.insert(k, v);
+                if let Some(v) = read_text(store, &format!("{path}/{id}/{k}"))? {
+                    counters.insert(k, StatValue::parse(&v));
                 }
             }
             if !counters.is_empty() {

@@ -21,8 +21,19 @@ pub struct DeviceInfo {
     pub limits: Vec<(String, u64)>,
 }
 
-/// Extra per-domain counters to publish under `stats/` (the device's op/byte/error counters).
-pub type StatsSource = Box<dyn Fn(u32) -> Vec<(&'static str, u64)> + Send>;
+/// Extra counters of a domain to publish under `stats/`: the device's op/byte/error counters
+/// and its per-QP counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// `stats/<key>`.
+    pub counters: Vec<(&'static str, u64)>,
+    /// `stats/qp/<qpn>/<key>`, one entry per live QP (a QP missing here has its directory
+    /// removed).
+    pub qps: BTreeMap<u32, BTreeMap<&'static str, String>>,
+}
+
+/// Where [`XenbusBackend::publish_stats`] gets a domain's device counters from.
+pub type StatsSource = Box<dyn Fn(u32) -> StatsSnapshot + Send>;
 
 pub(super) struct DeviceRecord {
     pub(super) id: DeviceId,
@@ -36,6 +47,8 @@ pub(super) struct DeviceRecord {
     pub(super) frontend_seen: bool,
     /// Stats last published, to write only what changed.
     pub(super) published: BTreeMap<&'static str, u64>,
+    /// Per-QP stats last published (`stats/qp/<qpn>/`).
+    pub(super) published_qps: BTreeMap<u32, BTreeMap<&'static str, String>>,
 }
 
 impl DeviceRecord {
@@ -256,8 +269,13 @@ impl XenbusBackend {
             channels: BTreeMap::new(),
             frontend_seen: false,
             published: BTreeMap::new(),
+            published_qps: BTreeMap::new(),
         };
         let stale = self.close_stale_channels(&mut record)?;
+        // Per-QP counters of an earlier backend process describe QPs that are gone.
+        self.store
+            .rm(&format!("{base}/stats/qp"))
+            .or_else(ignore_enoent)?;
         self.devices.insert(id, record);
         let online = read_flag(&*self.store, &format!("{base}/online"))?;
         let state = XenbusState::parse(&state);
@@ -419,7 +437,8 @@ impl XenbusBackend {
         Ok(q)
     }
 
-    /// Writes the device's counters under `stats/` (only those that changed).
+    /// Writes the device's counters under `stats/` (only those that changed), the per-QP
+    /// counters under `stats/qp/<qpn>/`, and removes the directories of QPs that are gone.
     pub fn publish_stats(&mut self, id: DeviceId) -> Result<()> {
         let Some(d) = self.devices.get(&id) else {
             return Ok(());
@@ -429,7 +448,8 @@ impl XenbusBackend {
             .iter()
             .map(|&r| (r.stats_key(), usage.get(r)))
             .collect();
-        for (k, v) in (self.stats_source)(id.domid) {
+        let snapshot = (self.stats_source)(id.domid);
+        for (k, v) in snapshot.counters {
             values.entry(k).or_insert(v);
         }
         let changed: Vec<(&'static str, u64)> = values
@@ -437,7 +457,24 @@ impl XenbusBackend {
             .filter(|(k, v)| d.published.get(*k) != Some(*v))
             .map(|(k, v)| (*k, *v))
             .collect();
-        if changed.is_empty() {
+        let qps = snapshot.qps;
+        let qp_changed: Vec<(u32, &'static str, &str)> = qps
+            .iter()
+            .flat_map(|(n, kv)| {
+                let old = d.published_qps.get(n);
+                kv.iter()
+                    .filter(move |(k, v)| old.and_then(|o| o.get(*k)) != Some(*v))
+                    .map(move |(k, v)| (*n, *k, v.as_str()))
+            })
+            .collect();
+        let qp_gone: Vec<u32> = d
+            .published_qps
+            .keys()
+            .filter(|n| !qps.contains_key(n))
+            .copied()
+            .collect();
+        let all_gone = qps.is_empty() && !d.published_qps.is_empty();
+        if changed.is_empty() && qp_changed.is_empty() && qp_gone.is_empty() {
             return Ok(());
         }
         let base = d.backend_path.clone();
@@ -448,10 +485,27 @@ impl XenbusBackend {
             for (k, v) in &changed {
                 t.write(&format!("{base}/stats/{k}"), v.to_string().as_bytes())?;
             }
+            for (n, k, v) in &qp_changed {
+                t.write(&format!("{base}/stats/qp/{n}/{k}"), v.as_bytes())?;
+            }
+            let gone = if all_gone {
+                vec![format!("{base}/stats/qp")]
+            } else {
+                qp_gone
+                    .iter()
+                    .map(|n| format!("{base}/stats/qp/{n}"))
+                    .collect()
+            };
+            for p in gone {
+                if t.exists(&p)? {
+                    t.rm(&p)?;
+                }
+            }
             Ok(())
         })?;
         if let Some(d) = self.devices.get_mut(&id) {
             d.published = values;
+            d.published_qps = qps;
         }
         Ok(())
     }

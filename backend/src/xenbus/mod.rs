@@ -19,7 +19,7 @@ mod tests;
 
 use std::sync::Arc;
 
-pub use backend::{DeviceInfo, StatsSource, XenbusBackend};
+pub use backend::{DeviceInfo, StatsSnapshot, StatsSource, XenbusBackend};
 pub use paths::{backend_root, device_backend_path, device_frontend_path};
 
 use crate::device::ChannelMode;

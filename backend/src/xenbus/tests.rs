@@ -100,7 +100,10 @@ impl World {
                 refuse: refuse.map(str::to_owned),
             }),
             Arc::new(|_| {}),
-            Box::new(|_| vec![("ops", 7)]),
+            Box::new(|_| crate::xenbus::StatsSnapshot {
+                counters: vec![("ops", 7)],
+                qps: Default::default(),
+            }),
         )
     }
 
