@@ -10,8 +10,9 @@ cd "$ROOT"
 BIN=$ROOT/target/xen-lab/bin
 rm -rf "$BIN" && mkdir -p "$BIN"
 cargo build --release -q -p xenstore-proto --example xs-probe -p xen-platform --example platform-probe \
-    -p vrdma-backend --bin vrdma-backend --bin vrdmactl -p vrdma-tests --bin vrdma-guest
-for b in vrdma-backend vrdmactl vrdma-guest; do strip -o "$BIN/$b" "target/release/$b"; done
+    -p vrdma-backend --bin vrdma-backend --bin vrdmactl -p vrdma-tests --bin vrdma-guest \
+    -p vrdma-perf --bin vrdma-perf
+for b in vrdma-backend vrdmactl vrdma-guest vrdma-perf; do strip -o "$BIN/$b" "target/release/$b"; done
 # Stripped: the domUs unpack these into RAM (a 160 MB guest runs out with debug info).
 strip -o "$BIN/xs-probe" target/release/examples/xs-probe
 strip -o "$BIN/platform-probe" target/release/examples/platform-probe
@@ -39,5 +40,5 @@ run() {
 
 run smoke
 run platform "$BIN/xs-probe" "$BIN/platform-probe" "$BIN/xen-platform-real-xen-tests"
-run split "$BIN/vrdma-backend" "$BIN/vrdmactl" "$BIN/vrdma-guest"
+run split "$BIN/vrdma-backend" "$BIN/vrdmactl" "$BIN/vrdma-guest" "$BIN/vrdma-perf"
 exit $fail

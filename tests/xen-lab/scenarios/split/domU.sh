@@ -82,7 +82,60 @@ round() {
     stop_guest
     echo "$NAME: $mode round PASS"
 }
+# A guest talking to itself: two QPs of one process connected to each other (both Connects in
+# flight at once), SEND and RDMA WRITE between them, data verified.
+self_talk() {
+    start_guest
+    cmd open bypass && cmd cq c 64 && cmd qp a c c 64 64 || return 1
+    EA=$REPLY
+    cmd qp b c c 64 64 || return 1
+    EB=$REPLY
+    cmd mr m 262144 || return 1
+    MR=$REPLY
+    cmd connect a "$EB" b "$EA" || return 1
+    cmd recv b m $K $K 1 && cmd fill m 3 0 $K && cmd send a m 0 $K 2 || return 1
+    cmd poll c 2 10000 || return 1
+    cmd check m 3 $K $K || return 1
+    cmd fill m 4 $((2 * K)) $K && cmd write a m $((2 * K)) $K "$(remote_at "$MR" $((3 * K)))" 3 || return 1
+    cmd poll c 1 10000 && cmd check m 4 $((3 * K)) $K || return 1
+    stop_guest
+    echo "$NAME: self-talk PASS"
+}
+# A guest process killed while it holds a channel, a PD, an MR, a CQ and a QP: the backend must
+# reclaim everything (dom0 checks the counters with vrdmactl and tells us via /lab/reclaimed).
+killed_process() {
+    start_guest
+    cmd open bypass && cmd cq c 64 && cmd qp q c c 64 64 && cmd mr m 262144 || return 1
+    xenstore-write data/vrdma-holding 1
+    kill -9 $GUEST
+    wait $GUEST 2>/dev/null
+    exec 3>&- 4<&-
+    echo "$NAME: vrdma-guest killed while holding resources"
+    xenstore-write data/vrdma-killed 1
+}
+# A short vrdma-perf run between two processes of this domU (two channels to the backend in
+# dom0; the endpoint exchange uses TCP over the domU's loopback). TCG time is not real time:
+# only the mediated ÷ bypass ratio means anything. No --baseline: its two-thread cache-line
+# ping-pong on a 1-vCPU guest would only measure the scheduler.
+perf() {
+    ifconfig lo 127.0.0.1 up 2>/dev/null || ip link set lo up
+    for mode in bypass mediated; do
+        vrdma-perf send_lat -m $mode -s 64 -n 300 -y -p 18515 > /tmp/perf-server.log 2>&1 &
+        SP=$!
+        sleep 1
+        echo "$NAME: vrdma-perf send_lat $mode (client):"
+        vrdma-perf send_lat 127.0.0.1 -m $mode -s 64 -n 300 -y -p 18515 || { cat /tmp/perf-server.log; return 1; }
+        wait $SP || { cat /tmp/perf-server.log; return 1; }
+    done
+    echo "$NAME: vrdma-perf PASS"
+}
 rc=0
 round bypass || rc=1
 round mediated || rc=1
+if [ "$NAME" = labU1 ]; then
+    self_talk || rc=1
+    perf || rc=1
+else
+    killed_process || rc=1
+fi
 exit $rc
