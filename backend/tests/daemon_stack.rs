@@ -85,25 +85,11 @@ fn a_channel_gets_valid_grants_for_everything_it_creates() {
         "Init twice"
     );
 
-    let pd = match fe.call(Request::AllocPd).reply {
-        Reply::Handle(h) => h,
-        other => panic!("{other:?}"),
-    };
+    let pd = fe.alloc_pd();
 
     // An MR of 2 pages, inline list.
-    let mem = fe
-        .platform
-        .share_pages(DomId::DOM0, 2, Access::ReadWrite)
-        .unwrap();
+    let (mem, r) = fe.reg_inline_mr(pd, 2);
     let grefs: Vec<u32> = mem.grant_refs().iter().map(|g| g.0).collect();
-    let r = fe.call(Request::RegMr {
-        pd,
-        access: access::ALL,
-        length: 8192,
-        iova: 0x1000_0000,
-        first_page_offset: 0,
-        pages: PageList::inline(&grefs).unwrap(),
-    });
     assert_eq!(r.status, Status::Ok, "{r:?}");
     let Reply::Mr { lkey, rkey, .. } = r.reply else {
         panic!()

@@ -7,9 +7,8 @@ mod daemon_common;
 use std::process::{Command, Output};
 
 use daemon_common::*;
-use shared_ring::abi::control::{access, Reply, Request, Status};
-use shared_ring::abi::page_dir::PageList;
-use xen_platform::{Access, DomId};
+use shared_ring::abi::control::{access, Request, Status};
+use xen_platform::DomId;
 use xenstore_proto::client::NodeOps;
 
 /// Runs `vrdmactl --sim <host> ARGS`.
@@ -289,23 +288,8 @@ fn list_and_stats_show_channels_and_resources_then_zero() {
     let (mut fe, st) = Frontend::open(s.host.dir(), d, 0);
     assert_eq!(st, "4");
     assert_eq!(fe.call(Request::Init { version: 1 }).status, Status::Ok);
-    let pd = match fe.call(Request::AllocPd).reply {
-        Reply::Handle(h) => h,
-        other => panic!("{other:?}"),
-    };
-    let mem = fe
-        .platform
-        .share_pages(DomId::DOM0, 2, Access::ReadWrite)
-        .unwrap();
-    let grefs: Vec<u32> = mem.grant_refs().iter().map(|g| g.0).collect();
-    let r = fe.call(Request::RegMr {
-        pd,
-        access: access::ALL,
-        length: 8192,
-        iova: 0x1000_0000,
-        first_page_offset: 0,
-        pages: PageList::inline(&grefs).unwrap(),
-    });
+    let pd = fe.alloc_pd();
+    let (mem, r) = fe.reg_inline_mr(pd, 2);
     assert_eq!(r.status, Status::Ok, "{r:?}");
     // A refused request is an error the device counts.
     assert_ne!(

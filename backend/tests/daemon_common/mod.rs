@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use shared_ring::abi::control::{Request, RequestRepr, ResponseRepr};
+use shared_ring::abi::control::{access, Reply, Request, RequestRepr, ResponseRepr};
+use shared_ring::abi::page_dir::PageList;
 use shared_ring::{ControlFrontRing, SharedRegion};
 use vrdma_backend::control::{ControlOpener, ALIVE_OFFSET};
 use vrdma_backend::daemon::{self, Daemon, DaemonError, ShutdownHandle};
@@ -213,6 +214,33 @@ impl Frontend {
     }
 
     /// Sends a request and waits for its response.
+    /// `AllocPd`, which must succeed: the new PD's handle.
+    pub fn alloc_pd(&mut self) -> u32 {
+        match self.call(Request::AllocPd).reply {
+            Reply::Handle(h) => h,
+            other => panic!("AllocPd: {other:?}"),
+        }
+    }
+
+    /// Shares `pages` pages with dom0 and registers them (inline page list, all access, iova
+    /// 0x1000_0000) in `pd`; returns the pages (keep them alive) and the backend's answer.
+    pub fn reg_inline_mr(&mut self, pd: u32, pages: usize) -> (SharedPages, ResponseRepr) {
+        let mem = self
+            .platform
+            .share_pages(DomId::DOM0, pages, Access::ReadWrite)
+            .unwrap();
+        let grefs: Vec<u32> = mem.grant_refs().iter().map(|g| g.0).collect();
+        let r = self.call(Request::RegMr {
+            pd,
+            access: access::ALL,
+            length: (pages * xen_platform::PAGE_SIZE) as u64,
+            iova: 0x1000_0000,
+            first_page_offset: 0,
+            pages: PageList::inline(&grefs).unwrap(),
+        });
+        (mem, r)
+    }
+
     pub fn call(&mut self, request: Request) -> ResponseRepr {
         let req_id = self.next_id;
         self.next_id += 1;
