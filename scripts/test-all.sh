@@ -17,7 +17,7 @@ skip() {
 # libxen-dev: Xen's public headers (io/xs_wire.h, io/ring.h, the /dev/xen uapi headers),
 #             compiled against in ABI tests.  gcc/libc6-dev: to compile those C programs.
 need=()
-for pkg in xenstore-utils libxen-dev gcc libc6-dev; do
+for pkg in xenstore-utils xen-utils-4.17 libxen-dev gcc libc6-dev; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

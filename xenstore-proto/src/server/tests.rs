@@ -1041,3 +1041,96 @@ fn transaction_nodes_quota_bounds_a_transaction() {
         );
     }
 }
+
+/// Starts a transaction on `conn`; its id.
+fn start_tx(f: &mut Fixture, conn: ConnId) -> u32 {
+    let tx = f.ok(conn, Request::TransactionStart);
+    std::str::from_utf8(&tx[..tx.len() - 1])
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn a_transaction_keeps_seeing_what_it_first_read() {
+    // xenstored's test-xenstore "ta err": a write outside the transaction after the
+    // transaction read the node does not show through; the commit then fails.
+    let mut f = Fixture::new();
+    let a = f.store.open(0);
+    let b = f.store.open(0);
+    f.write(a, "/t/x", "a").unwrap();
+    let tx = start_tx(&mut f, a);
+    assert_eq!(
+        f.req(a, tx, Request::Read { path: "/t/x" }).0.unwrap(),
+        b"a"
+    );
+    f.write(b, "/t/x", "b").unwrap();
+    assert_eq!(
+        f.req(a, tx, Request::Read { path: "/t/x" }).0.unwrap(),
+        b"a",
+        "the transaction's view"
+    );
+    f.req(
+        a,
+        tx,
+        Request::Write {
+            path: "/t/x",
+            value: b"c",
+        },
+    )
+    .0
+    .unwrap();
+    assert_eq!(
+        f.req(a, tx, Request::Read { path: "/t/x" }).0.unwrap(),
+        b"c"
+    );
+    assert_eq!(
+        f.req(a, tx, Request::TransactionEnd { commit: true }).0,
+        Err(XsErrno::EAGAIN)
+    );
+    assert_eq!(f.read(b, "/t/x").unwrap(), b"b");
+}
+
+#[test]
+fn a_transaction_keeps_its_view_of_listings_removals_and_absent_nodes() {
+    let mut f = Fixture::new();
+    let a = f.store.open(0);
+    let b = f.store.open(0);
+    f.write(a, "/t/x", "1").unwrap();
+    f.write(a, "/t/gone", "2").unwrap();
+    let tx = start_tx(&mut f, a);
+    let list = |f: &mut Fixture| {
+        let p = f.req(a, tx, Request::Directory { path: "/t" }).0.unwrap();
+        match Response::parse(MsgType::Directory, &p).unwrap() {
+            Response::Directory(d) => d.into_iter().map(str::to_owned).collect::<Vec<_>>(),
+            _ => unreachable!(),
+        }
+    };
+    assert_eq!(list(&mut f), ["x", "gone"]);
+    assert_eq!(
+        f.req(a, tx, Request::Read { path: "/t/gone" }).0.unwrap(),
+        b"2"
+    );
+    assert_eq!(
+        f.req(a, tx, Request::Read { path: "/t/new" }).0,
+        Err(XsErrno::ENOENT)
+    );
+    // Outside: a child added, one removed, the absent node created.
+    f.write(b, "/t/new", "3").unwrap();
+    f.ok(b, Request::Rm { path: "/t/gone" });
+    assert_eq!(list(&mut f), ["x", "gone"], "listing as first seen");
+    assert_eq!(
+        f.req(a, tx, Request::Read { path: "/t/gone" }).0.unwrap(),
+        b"2",
+        "removed outside, still there inside"
+    );
+    assert_eq!(
+        f.req(a, tx, Request::Read { path: "/t/new" }).0,
+        Err(XsErrno::ENOENT),
+        "created outside, still absent inside"
+    );
+    assert_eq!(
+        f.req(a, tx, Request::TransactionEnd { commit: true }).0,
+        Err(XsErrno::EAGAIN)
+    );
+}

@@ -220,8 +220,8 @@ impl View<'_> {
                 }
                 txn.accessed
                     .entry(path.to_owned())
-                    .or_insert_with(|| tree.nodes.get(path).map(|n| n.generation));
-                tree.nodes.get(path)
+                    .or_insert_with(|| tree.nodes.get(path).cloned())
+                    .as_ref()
             }
         }
     }
@@ -268,6 +268,7 @@ fn self_owner(tree: &Tree, txn: &mut Txn, path: &str) -> Option<u32> {
     }
     txn.accessed
         .entry(path.to_owned())
-        .or_insert_with(|| tree.nodes.get(path).map(|n| n.generation));
-    tree.nodes.get(path).map(Node::owner)
+        .or_insert_with(|| tree.nodes.get(path).cloned())
+        .as_ref()
+        .map(Node::owner)
 }

@@ -1,5 +1,8 @@
 //! Transactions: private changes over the committed tree, committed atomically when nothing
 //! they read or wrote changed meanwhile (else `EAGAIN`), as xenstored's generation check.
+//! A transaction keeps a copy of every committed node it looked at, as first seen, and keeps
+//! seeing that copy (xenstored writes the same transaction-private copy on first read): a
+//! change committed by someone else after that shows through only as the commit's `EAGAIN`.
 
 use std::collections::HashMap;
 
@@ -11,8 +14,9 @@ use super::watch::Event;
 pub(crate) struct Txn {
     /// Nodes this transaction changed: `None` means deleted.
     pub overlay: HashMap<String, Option<Node>>,
-    /// Committed nodes it looked at, with the generation it saw (`None`: absent).
-    pub accessed: HashMap<String, Option<u64>>,
+    /// Committed nodes it looked at, as it first saw them (`None`: absent). Their generation
+    /// is what the commit checks.
+    pub accessed: HashMap<String, Option<Node>>,
     /// Watch events to fire if it commits.
     pub events: Vec<Event>,
     /// Change in nodes owned, per domain.
@@ -40,9 +44,9 @@ impl Txn {
 
     /// Whether committing now would conflict: something it accessed changed since.
     pub fn conflicts(&self, tree: &Tree) -> bool {
-        self.accessed
-            .iter()
-            .any(|(path, seen)| tree.nodes.get(path).map(|n| n.generation) != *seen)
+        self.accessed.iter().any(|(path, seen)| {
+            tree.nodes.get(path).map(|n| n.generation) != seen.as_ref().map(|n| n.generation)
+        })
     }
 
     /// Applies the changes to the tree (after [`Txn::conflicts`] said no) and returns the
