@@ -196,7 +196,8 @@ impl AsyncClient {
     }
 
     pub(crate) async fn set_perms_at(&self, tx_id: u32, path: &str, perms: &Perms) -> Result<()> {
-        ops::node_path(path)?;
+        // A node, or the special `@introduceDomain` / `@releaseDomain` (XSA-115).
+        ops::watch_path(path)?;
         if perms.0.is_empty() {
             return Err(Error::InvalidArgument(
                 "a permission list needs at least the owner entry".to_owned(),

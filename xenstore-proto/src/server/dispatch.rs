@@ -141,18 +141,21 @@ impl Store {
         }
     }
 
-    /// Fires `@<name>` (plain watches) and `@<name>/<domid>` (depth watches).
+    /// Fires `@<name>` (plain watches) and `@<name>/<domid>` (depth watches), for the
+    /// connections that may read the special node: dom0, and domains its permissions name
+    /// (XSA-115; by default `n0`, dom0 only).
     fn fire_special(&self, name: &str, domid: u32, out: &mut Output) {
+        let perms = vec![self.special[name].clone()];
         let events = [
             Event {
                 path: name.to_owned(),
                 kind: Match::NoDepth,
-                perms: Vec::new(),
+                perms: perms.clone(),
             },
             Event {
                 path: format!("{name}/{domid}"),
                 kind: Match::Depth,
-                perms: Vec::new(),
+                perms,
             },
         ];
         self.fire(&events, out);
@@ -200,6 +203,10 @@ impl Store {
             Request::Rm { path } => self
                 .with_view(conn, tx, out, |v, ev| ops::rm(v, &caller, &abs(path), ev))
                 .map(|()| Reply::Ok),
+            Request::SetPerms { path, ref perms } if path.starts_with('@') => {
+                self.set_special_perms(&caller, &quotas, path, perms)?;
+                Ok(Reply::Ok)
+            }
             Request::SetPerms { path, ref perms } => self
                 .with_view(conn, tx, out, |v, ev| {
                     ops::set_perms(v, &caller, &quotas, &abs(path), perms, ev)
@@ -418,6 +425,33 @@ impl Store {
         Ok(())
     }
 
+    /// `SET_PERMS` of `@introduceDomain` / `@releaseDomain`, as xenstored 4.17: whoever may
+    /// write and owns the special node (dom0, by default) decides who gets its events. Other
+    /// `@` names are `EINVAL`.
+    fn set_special_perms(
+        &mut self,
+        caller: &super::tree::Caller,
+        quotas: &super::config::Quotas,
+        path: &str,
+        perms: &Perms,
+    ) -> Result<(), XsErrno> {
+        if !caller.privileged() && perms.0.len() > quotas.node_permissions as usize {
+            return Err(XsErrno::ENOSPC);
+        }
+        let Some(current) = self.special.get_mut(path) else {
+            return Err(XsErrno::EINVAL);
+        };
+        if perms.0.is_empty() {
+            return Err(XsErrno::EINVAL);
+        }
+        let need = super::tree::WRITE | super::tree::OWNER;
+        if caller.access(current) & need != need {
+            return Err(XsErrno::EACCES);
+        }
+        *current = perms.clone();
+        Ok(())
+    }
+
     fn commit(&mut self, domid: u32, txn: Txn, out: &mut Output) -> Result<(), XsErrno> {
         if txn.conflicts(&self.tree) {
             return Err(XsErrno::EAGAIN);
@@ -504,6 +538,9 @@ impl Store {
             out.closed.push(id);
         }
         self.release_nodes(domid, out);
+        for perms in self.special.values_mut() {
+            super::tree::forget_domid(perms, domid);
+        }
         let was_introduced = self.domains.remove(&domid).is_some_and(|d| d.introduced);
         for d in self.domains.values_mut() {
             if d.target == Some(domid) {
@@ -529,12 +566,7 @@ impl Store {
                 continue;
             }
             let mut changed = node.clone();
-            if changed.owner() == domid {
-                changed.perms.0[0].domid = 0;
-            }
-            let first = changed.perms.0[0];
-            let rest = changed.perms.0[1..].iter().filter(|p| p.domid != domid);
-            changed.perms.0 = std::iter::once(first).chain(rest.copied()).collect();
+            super::tree::forget_domid(&mut changed.perms, domid);
             for child in &node.children {
                 stack.push(super::tree::join(&path, child));
             }

@@ -3,7 +3,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::wire::{FrameDecoder, MsgType, Packet, Request, Response, WireError, XsErrno};
+use crate::wire::{
+    FrameDecoder, MsgType, Packet, PermKind, Perms, Request, Response, WireError, XsErrno,
+};
 
 use super::config::{Config, Quotas};
 use super::tree::{Caller, Tree};
@@ -58,8 +60,13 @@ pub struct Store {
     pub(super) conns: BTreeMap<ConnId, Conn>,
     pub(super) domains: HashMap<u32, Domain>,
     pub(super) config: Config,
+    /// Permissions of `@introduceDomain` and `@releaseDomain` (XSA-115): who gets their events.
+    pub(super) special: HashMap<&'static str, Perms>,
     next_conn: ConnId,
 }
+
+/// The special watch paths that carry permissions, as xenstored 4.17 keeps them.
+pub(super) const SPECIAL_PATHS: [&str; 2] = ["@introduceDomain", "@releaseDomain"];
 
 /// `/local/domain/<domid>`.
 pub fn domain_path(domid: u32) -> String {
@@ -99,6 +106,10 @@ impl Store {
             conns: BTreeMap::new(),
             domains,
             config,
+            special: SPECIAL_PATHS
+                .into_iter()
+                .map(|p| (p, Perms::owned_by(0, PermKind::None)))
+                .collect(),
             next_conn: 1,
         }
     }

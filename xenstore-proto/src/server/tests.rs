@@ -1134,3 +1134,82 @@ fn a_transaction_keeps_its_view_of_listings_removals_and_absent_nodes() {
         Err(XsErrno::EAGAIN)
     );
 }
+
+#[test]
+fn special_watch_events_of_other_domains_never_reach_a_domu() {
+    // XSA-115: @introduceDomain / @releaseDomain fire only for connections that may read the
+    // special node, `n0` by default: dom0 only.
+    let mut f = Fixture::new();
+    let dom0 = f.store.open(0);
+    let good = f.store.open(7);
+    for c in [dom0, good] {
+        for (path, token) in [("@introduceDomain", "i"), ("@releaseDomain", "r")] {
+            // The watch itself is allowed, with its initial event.
+            let (r, msgs) = f.req(c, 0, Request::Watch { path, token });
+            r.unwrap();
+            assert_eq!(events(&msgs, c), [(path.to_owned(), token.to_owned())]);
+        }
+    }
+    let intro = |f: &mut Fixture, domid| {
+        let (r, msgs) = f.req(
+            dom0,
+            0,
+            Request::Introduce {
+                domid,
+                mfn: 0,
+                evtchn: 1,
+            },
+        );
+        r.unwrap();
+        msgs
+    };
+    let release = |f: &mut Fixture, domid| {
+        let (r, msgs) = f.req(dom0, 0, Request::Release { domid });
+        r.unwrap();
+        msgs
+    };
+    let msgs = intro(&mut f, 9);
+    assert_eq!(
+        events(&msgs, dom0),
+        [("@introduceDomain".into(), "i".into())]
+    );
+    assert!(events(&msgs, good).is_empty(), "{msgs:?}");
+    let msgs = release(&mut f, 9);
+    assert_eq!(events(&msgs, dom0), [("@releaseDomain".into(), "r".into())]);
+    assert!(events(&msgs, good).is_empty(), "{msgs:?}");
+    // Server-side introduction and release (the simulated host's path) too.
+    let out = f.store.introduce_domain(10);
+    assert!(events(&decode(&out), good).is_empty());
+    let out = f.store.release_domain(10);
+    assert!(events(&decode(&out), good).is_empty());
+    assert_eq!(events(&decode(&out), dom0).len(), 1);
+
+    // The domU may not grant itself the events; nor name other special nodes.
+    let grant = [perm(PermKind::None, 0), perm(PermKind::Read, 7)];
+    assert_eq!(
+        f.set_perms(good, "@releaseDomain", &grant),
+        Err(XsErrno::EACCES)
+    );
+    assert_eq!(
+        f.set_perms(dom0, "@otherDomain", &grant),
+        Err(XsErrno::EINVAL)
+    );
+    // dom0 grants domain 7 @releaseDomain (not @introduceDomain).
+    f.set_perms(dom0, "@releaseDomain", &grant).unwrap();
+    let msgs = intro(&mut f, 11);
+    assert!(events(&msgs, good).is_empty());
+    let msgs = release(&mut f, 11);
+    assert_eq!(events(&msgs, good), [("@releaseDomain".into(), "r".into())]);
+    // Read access is all it gives: no changing them.
+    assert_eq!(
+        f.set_perms(good, "@releaseDomain", &[perm(PermKind::Read, 0)]),
+        Err(XsErrno::EACCES)
+    );
+    // Releasing domain 7 takes it out of the special node's permissions.
+    intro(&mut f, 7);
+    release(&mut f, 7);
+    assert_eq!(
+        f.store.special["@releaseDomain"],
+        Perms(vec![perm(PermKind::None, 0)])
+    );
+}

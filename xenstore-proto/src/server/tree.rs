@@ -159,6 +159,20 @@ pub(crate) fn basename(path: &str) -> &str {
     path.rfind('/').map_or(path, |i| &path[i + 1..])
 }
 
+/// Drops `domid` from a permission list as xenstored does when the domain goes: an owner entry
+/// naming it passes to dom0, other entries naming it are removed.
+pub(crate) fn forget_domid(perms: &mut Perms, domid: u32) {
+    let Some(first) = perms.0.first_mut() else {
+        return;
+    };
+    if first.domid == domid {
+        first.domid = 0;
+    }
+    let first = *first;
+    let rest = perms.0[1..].iter().filter(|p| p.domid != domid).copied();
+    perms.0 = std::iter::once(first).chain(rest).collect();
+}
+
 /// Access bits, as xenstored's `XS_PERM_*`.
 pub(crate) const READ: u8 = 1;
 pub(crate) const WRITE: u8 = 2;

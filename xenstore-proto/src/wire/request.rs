@@ -200,7 +200,8 @@ impl<'a> Request<'a> {
                         expected: "at least 2",
                     });
                 }
-                let path = node_path(ty, parts[0])?;
+                // `@introduceDomain` / `@releaseDomain` carry permissions too (XSA-115).
+                let path = watch_path(ty, parts[0])?;
                 let perms = parts[1..]
                     .iter()
                     .map(|p| Perm::parse(utf8(ty, p)?))
