@@ -29,7 +29,7 @@ struct Args {
     /// Watches per unprivileged domain.
     #[arg(long, default_value_t = Quotas::default().watches)]
     quota_watches: u32,
-    /// Open transactions per unprivileged connection.
+    /// Open transactions per unprivileged domain (all its connections).
     #[arg(long, default_value_t = Quotas::default().transactions)]
     quota_transactions: u32,
     /// Permission entries per node an unprivileged domain may set.
@@ -38,6 +38,18 @@ struct Args {
     /// Nodes one transaction of an unprivileged domain may read or change.
     #[arg(long, default_value_t = Quotas::default().transaction_nodes)]
     quota_transaction_nodes: u32,
+    /// Connections an unprivileged domain may have open at once.
+    #[arg(long, default_value_t = Config::default().max_domain_connections)]
+    domain_connections: usize,
+    /// Requests of an unprivileged domain not yet answered before its sockets stop being read.
+    #[arg(long, default_value_t = Config::default().max_outstanding)]
+    quota_outstanding: usize,
+    /// Bytes queued for an unprivileged domain beyond which its watch events are dropped.
+    #[arg(long, default_value_t = Config::default().max_domain_output_bytes)]
+    domain_output_bytes: usize,
+    /// Seconds after which a watch event not yet sent to an unprivileged domain is dropped.
+    #[arg(long, default_value_t = Config::default().watch_event_timeout.as_secs())]
+    watch_event_timeout: u64,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -59,6 +71,10 @@ fn main() -> anyhow::Result<()> {
             transaction_nodes: args.quota_transaction_nodes,
         },
         keep_orphans: args.keep_orphans,
+        max_domain_connections: args.domain_connections,
+        max_outstanding: args.quota_outstanding,
+        max_domain_output_bytes: args.domain_output_bytes,
+        watch_event_timeout: std::time::Duration::from_secs(args.watch_event_timeout),
         ..Config::default()
     };
     let server = Server::try_new(config).context("starting the server")?;

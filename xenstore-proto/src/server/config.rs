@@ -1,5 +1,7 @@
 //! Server configuration: quotas and the handling of a released domain's nodes.
 
+use std::time::Duration;
+
 /// Per-domain limits, applied to unprivileged domains only (dom0 is never limited), with
 /// xenstored 4.17's defaults. Names are those `GET_QUOTA`/`SET_QUOTA` use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -12,7 +14,8 @@ pub struct Quotas {
     pub node_size: u32,
     /// `watches`: watches per domain (xenstored `-W`, 128). Exceeding it: `E2BIG`, as 4.17.
     pub watches: u32,
-    /// `transactions`: open transactions per connection (xenstored `-t`, 10). Exceeding it:
+    /// `transactions`: open transactions of one domain, over all its connections (xenstored
+    /// `-t`, 10, counts them per connection, and a domU has exactly one). Exceeding it:
     /// `ENOSPC`.
     pub transactions: u32,
     /// `node-permissions`: entries in one `SET_PERMS` (xenstored `-A`, 5). Exceeding it:
@@ -110,8 +113,24 @@ pub struct Config {
     /// On domain release, hand the nodes the domain owns to dom0 instead of deleting them
     /// (xenstored's `--keep-orphans`). Off by default, as in xenstored.
     pub keep_orphans: bool,
-    /// Outgoing messages queued for one connection beyond which the connection is dropped
-    /// (a client that never reads its watch events must not exhaust the server).
+    /// Connections one unprivileged domain may have open at once (served sockets and
+    /// [`Server::connect`](super::Server::connect)); more are refused. xenstored gives a domU
+    /// exactly one (its ring, which all its processes share); here each process of a guest
+    /// opens its own, so a few are allowed.
+    pub max_domain_connections: usize,
+    /// Requests of one unprivileged domain whose reply, or a watch event they caused, is not
+    /// yet written out (xenstored's `quota-outstanding`, 20). At the limit the server stops
+    /// reading that domain's connections until some are delivered.
+    pub max_outstanding: usize,
+    /// Bytes of frames queued for one unprivileged domain's connections beyond which further
+    /// watch events for it are dropped (replies never are): xenstored's hard memory quota,
+    /// 2.5 MiB (which there counts the domain's nodes too).
+    pub max_domain_output_bytes: usize,
+    /// A watch event queued this long for an unprivileged connection without being sent is
+    /// dropped (xenstored's watch-event timeout, 20 s).
+    pub watch_event_timeout: Duration,
+    /// Frames queued for one privileged connection beyond which it is dropped (xenstored sets
+    /// no bound for dom0; this one only stops a stuck local tool from exhausting memory).
     pub max_queued_messages: usize,
 }
 
@@ -120,6 +139,10 @@ impl Default for Config {
         Config {
             quotas: Quotas::default(),
             keep_orphans: false,
+            max_domain_connections: 16,
+            max_outstanding: 20,
+            max_domain_output_bytes: 2 * 1024 * 1024 + 512 * 1024,
+            watch_event_timeout: Duration::from_secs(20),
             max_queued_messages: 65536,
         }
     }

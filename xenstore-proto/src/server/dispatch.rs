@@ -231,10 +231,16 @@ impl Store {
                 if tx != 0 {
                     return Err(XsErrno::EBUSY);
                 }
-                let c = self.conns.get_mut(&conn).ok_or(XsErrno::EINVAL)?;
-                if domid != 0 && c.txns.len() >= quotas.transactions as usize {
+                let open: usize = self
+                    .conns
+                    .values()
+                    .filter(|c| c.domid == domid)
+                    .map(|c| c.txns.len())
+                    .sum();
+                if domid != 0 && open >= quotas.transactions as usize {
                     return Err(XsErrno::ENOSPC);
                 }
+                let c = self.conns.get_mut(&conn).ok_or(XsErrno::EINVAL)?;
                 let mut id = c.next_txn;
                 while id == 0 || c.txns.contains_key(&id) {
                     id = id.wrapping_add(1);

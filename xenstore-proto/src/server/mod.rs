@@ -21,7 +21,7 @@ mod txn;
 mod watch;
 
 pub use config::{Config, QuotaKind, Quotas};
-pub use serve::{Listener, Server, ServerError};
+pub use serve::{DomainBacklog, Listener, Server, ServerError};
 pub use store::{
     domain_path, ConnId, Output, Store, DOMID_FIRST_RESERVED, FEATURES, FEATURE_WATCHDEPTH,
 };

@@ -1,5 +1,7 @@
 //! Serving the store on Unix sockets: a tokio runtime owned by the [`Server`], the store behind
-//! a mutex, one reader and one writer task per connection.
+//! a mutex, one reader and one writer task per connection, and xenstored's bounds on what an
+//! unprivileged domain can make the server hold: connections, outstanding requests (reading
+//! pauses), queued output (watch events dropped past a byte budget or when stale).
 
 use std::collections::HashMap;
 use std::io;
@@ -7,12 +9,14 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::sync::{mpsc, oneshot, Notify, OwnedSemaphorePermit, Semaphore};
 
 use super::store::{ConnId, Output, Store, DOMID_FIRST_RESERVED};
 use super::Config;
+use crate::wire::{FrameDecoder, MsgType, Packet};
 
 /// Why the server could not do what the embedding code asked.
 #[derive(Debug, thiserror::Error)]
@@ -25,8 +29,20 @@ pub enum ServerError {
     Io(#[from] io::Error),
     #[error("domid {0} is not a real domain id")]
     BadDomid(u32),
+    #[error("domain {domid} already has {max} connections open")]
+    TooManyConnections { domid: u32, max: usize },
     #[error("the server has shut down")]
     Shutdown,
+}
+
+/// What one unprivileged domain has pending, over all its connections
+/// ([`Server::domain_backlog`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DomainBacklog {
+    /// Requests whose reply or caused watch events are not yet written out.
+    pub outstanding: usize,
+    /// Bytes of frames queued for its connections.
+    pub queued_bytes: usize,
 }
 
 /// The embedded XenStore server. Cheap to clone: clones share one store. Dropping the last
@@ -42,24 +58,72 @@ impl std::fmt::Debug for Server {
     }
 }
 
+/// The serving bounds, from [`Config`].
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    max_queued: usize,
+    max_conns: usize,
+    max_outstanding: usize,
+    max_bytes: usize,
+    event_timeout: Duration,
+}
+
 struct Inner {
     shared: Mutex<Shared>,
     runtime: Mutex<Option<tokio::runtime::Runtime>>,
     handle: tokio::runtime::Handle,
-    max_queued: usize,
+    limits: Limits,
 }
 
 struct Shared {
     store: Store,
     links: HashMap<ConnId, Link>,
+    gates: HashMap<u32, Arc<Gate>>,
     down: bool,
+}
+
+/// One unprivileged domain's allowance: a permit per outstanding request, and the bytes
+/// queued for all its connections.
+struct Gate {
+    outstanding: Arc<Semaphore>,
+    bytes: AtomicUsize,
 }
 
 /// The socket side of one connection.
 struct Link {
-    tx: mpsc::UnboundedSender<Vec<u8>>,
+    tx: mpsc::UnboundedSender<Queued>,
+    /// Frames queued (privileged connections' bound).
     queued: Arc<AtomicUsize>,
-    kill: Arc<Notify>,
+    /// The domain's allowance; `None` for dom0.
+    gate: Option<Arc<Gate>>,
+    kill_reader: Arc<Notify>,
+    kill_writer: Arc<Notify>,
+}
+
+/// A frame waiting for the writer. Dropping it (written, stale, or its connection gone) gives
+/// back what it was charged, and the outstanding-request permit of the request that caused it
+/// once no other frame holds that.
+struct Queued {
+    frame: Vec<u8>,
+    event: bool,
+    at: Instant,
+    _charge: Charge,
+    _cause: Option<Arc<OwnedSemaphorePermit>>,
+}
+
+enum Charge {
+    Frames(Arc<AtomicUsize>),
+    Bytes(Arc<Gate>, usize),
+}
+
+/// What a queued frame is charged against; given back when dropped.
+impl Drop for Charge {
+    fn drop(&mut self) {
+        match self {
+            Charge::Frames(n) => n.fetch_sub(1, Ordering::Relaxed),
+            Charge::Bytes(gate, len) => gate.bytes.fetch_sub(*len, Ordering::Relaxed),
+        };
+    }
 }
 
 impl Drop for Inner {
@@ -70,22 +134,51 @@ impl Drop for Inner {
     }
 }
 
+fn is_event(frame: &[u8]) -> bool {
+    Packet::new_checked(frame).is_ok_and(|p| p.msg_type() == Ok(MsgType::WatchEvent))
+}
+
 impl Shared {
-    /// Queues what the store produced and closes what it closed.
-    fn deliver(&mut self, out: Output, max_queued: usize) {
+    /// Queues what the store produced and closes what it closed. `cause` is the
+    /// outstanding-request permit of the unprivileged request that produced `out`: every
+    /// frame holds it until written or dropped.
+    fn deliver(&mut self, out: Output, cause: Option<Arc<OwnedSemaphorePermit>>, limits: &Limits) {
         for (conn, frame) in out.messages {
             let Some(link) = self.links.get(&conn) else {
                 continue;
             };
-            if link.queued.fetch_add(1, Ordering::Relaxed) >= max_queued {
-                tracing::warn!(conn, "client does not read its replies; dropping it");
-                self.store.close(conn);
-                self.drop_link(conn);
-                continue;
-            }
-            if link.tx.send(frame).is_err() {
-                link.queued.fetch_sub(1, Ordering::Relaxed);
-            }
+            let event = is_event(&frame);
+            let charge = match &link.gate {
+                None => {
+                    if link.queued.fetch_add(1, Ordering::Relaxed) >= limits.max_queued {
+                        link.queued.fetch_sub(1, Ordering::Relaxed);
+                        tracing::warn!(conn, "client does not read its replies; dropping it");
+                        self.store.close(conn);
+                        self.drop_link(conn);
+                        continue;
+                    }
+                    Charge::Frames(link.queued.clone())
+                }
+                Some(gate) => {
+                    let len = frame.len();
+                    let queued = gate.bytes.fetch_add(len, Ordering::Relaxed);
+                    let charge = Charge::Bytes(gate.clone(), len);
+                    if event && queued + len > limits.max_bytes {
+                        // As xenstored past the hard memory quota: the event is not queued.
+                        tracing::debug!(conn, "domain output budget full; watch event dropped");
+                        drop(charge);
+                        continue;
+                    }
+                    charge
+                }
+            };
+            let _ = link.tx.send(Queued {
+                frame,
+                event,
+                at: Instant::now(),
+                _charge: charge,
+                _cause: cause.clone(),
+            });
         }
         for conn in out.closed {
             self.drop_link(conn);
@@ -94,7 +187,8 @@ impl Shared {
 
     fn drop_link(&mut self, conn: ConnId) {
         if let Some(link) = self.links.remove(&conn) {
-            link.kill.notify_one();
+            link.kill_reader.notify_one();
+            link.kill_writer.notify_one();
         }
     }
 }
@@ -116,17 +210,24 @@ impl Server {
             .enable_io()
             .build()
             .map_err(ServerError::Runtime)?;
-        let max_queued = config.max_queued_messages;
+        let limits = Limits {
+            max_queued: config.max_queued_messages,
+            max_conns: config.max_domain_connections,
+            max_outstanding: config.max_outstanding.max(1),
+            max_bytes: config.max_domain_output_bytes,
+            event_timeout: config.watch_event_timeout,
+        };
         Ok(Server {
             inner: Arc::new(Inner {
                 shared: Mutex::new(Shared {
                     store: Store::new(config),
                     links: HashMap::new(),
+                    gates: HashMap::new(),
                     down: false,
                 }),
                 handle: runtime.handle().clone(),
                 runtime: Mutex::new(Some(runtime)),
-                max_queued,
+                limits,
             }),
         })
     }
@@ -173,7 +274,10 @@ impl Server {
                     accepted = listener.accept() => match accepted {
                         Ok((stream, _)) => {
                             let Some(inner) = inner.upgrade() else { break };
-                            serve(&inner, stream, domid);
+                            if let Err(e) = serve(&inner, stream, domid) {
+                                // The refused stream is dropped: the client sees it close.
+                                tracing::warn!(path = %shown, error = %e, "connection refused");
+                            }
                         }
                         Err(e) => {
                             tracing::warn!(path = %shown, error = %e, "accept failed");
@@ -202,8 +306,25 @@ impl Server {
             let _guard = self.inner.handle.enter();
             tokio::net::UnixStream::from_std(ours)?
         };
-        serve(&self.inner, stream, domid);
+        serve(&self.inner, stream, domid)?;
         Ok(theirs)
+    }
+
+    /// What unprivileged `domid` has pending: outstanding requests and queued output bytes
+    /// (both bounded, see [`Config`]). Zero for dom0 and for a domain never connected.
+    pub fn domain_backlog(&self, domid: u32) -> DomainBacklog {
+        let shared = self.lock();
+        match shared.gates.get(&domid) {
+            Some(gate) => DomainBacklog {
+                outstanding: self.inner.limits.max_outstanding
+                    - gate.outstanding.available_permits(),
+                queued_bytes: gate.bytes.load(Ordering::Relaxed),
+            },
+            None => DomainBacklog {
+                outstanding: 0,
+                queued_bytes: 0,
+            },
+        }
     }
 
     /// Marks `domid` introduced and fires `@introduceDomain` (as `INTRODUCE` does).
@@ -211,7 +332,7 @@ impl Server {
         check_domid(domid)?;
         let mut shared = self.lock();
         let out = shared.store.introduce_domain(domid);
-        shared.deliver(out, self.inner.max_queued);
+        shared.deliver(out, None, &self.inner.limits);
         Ok(())
     }
 
@@ -221,7 +342,7 @@ impl Server {
         check_domid(domid)?;
         let mut shared = self.lock();
         let out = shared.store.release_domain(domid);
-        shared.deliver(out, self.inner.max_queued);
+        shared.deliver(out, None, &self.inner.limits);
         Ok(())
     }
 
@@ -261,55 +382,124 @@ fn lock(inner: &Inner) -> MutexGuard<'_, Shared> {
     inner.shared.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Serves one accepted (or in-process) stream as `domid`.
-fn serve(inner: &Arc<Inner>, stream: tokio::net::UnixStream, domid: u32) {
-    let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
-    let queued = Arc::new(AtomicUsize::new(0));
-    let kill = Arc::new(Notify::new());
-    let id = {
+/// Serves one accepted (or in-process) stream as `domid`, unless the domain is at its
+/// connection limit.
+fn serve(
+    inner: &Arc<Inner>,
+    stream: tokio::net::UnixStream,
+    domid: u32,
+) -> Result<(), ServerError> {
+    let limits = inner.limits;
+    let (tx, mut rx) = mpsc::unbounded_channel::<Queued>();
+    let kill_reader = Arc::new(Notify::new());
+    let kill_writer = Arc::new(Notify::new());
+    let (id, gate) = {
         let mut shared = lock(inner);
         if shared.down {
-            return;
+            return Err(ServerError::Shutdown);
         }
+        let gate = if domid == 0 {
+            None
+        } else {
+            if shared.store.domain_conn_count(domid) >= limits.max_conns {
+                return Err(ServerError::TooManyConnections {
+                    domid,
+                    max: limits.max_conns,
+                });
+            }
+            let gate = shared.gates.entry(domid).or_insert_with(|| {
+                Arc::new(Gate {
+                    outstanding: Arc::new(Semaphore::new(limits.max_outstanding)),
+                    bytes: AtomicUsize::new(0),
+                })
+            });
+            Some(gate.clone())
+        };
         let id = shared.store.open(domid);
         shared.links.insert(
             id,
             Link {
                 tx,
-                queued: queued.clone(),
-                kill: kill.clone(),
+                queued: Arc::new(AtomicUsize::new(0)),
+                gate: gate.clone(),
+                kill_reader: kill_reader.clone(),
+                kill_writer: kill_writer.clone(),
             },
         );
-        id
+        (id, gate)
     };
     let (mut rd, mut wr) = stream.into_split();
+    let unprivileged = gate.is_some();
     inner.handle.spawn(async move {
-        while let Some(frame) = rx.recv().await {
-            queued.fetch_sub(1, Ordering::Relaxed);
-            if wr.write_all(&frame).await.is_err() {
+        loop {
+            let q = tokio::select! {
+                _ = kill_writer.notified() => break,
+                q = rx.recv() => match q {
+                    Some(q) => q,
+                    None => break,
+                },
+            };
+            if unprivileged && q.event && q.at.elapsed() > limits.event_timeout {
+                tracing::debug!(conn = id, "watch event timed out unsent; dropped");
+                continue;
+            }
+            let written = tokio::select! {
+                _ = kill_writer.notified() => break,
+                r = wr.write_all(&q.frame) => r,
+            };
+            if written.is_err() {
                 break;
             }
         }
+        // Whatever is still queued is dropped with `rx`, giving back its charges.
         let _ = wr.shutdown().await;
     });
     let weak = Arc::downgrade(inner);
     inner.handle.spawn(async move {
         let mut buf = vec![0u8; 8192];
-        loop {
+        let mut decoder = FrameDecoder::new();
+        'conn: loop {
             let n = tokio::select! {
-                _ = kill.notified() => break,
+                _ = kill_reader.notified() => break,
                 r = rd.read(&mut buf) => match r {
                     Ok(0) | Err(_) => break,
                     Ok(n) => n,
                 },
             };
-            let Some(inner) = weak.upgrade() else { break };
-            let mut shared = lock(&inner);
-            if !shared.store.is_open(id) {
-                break;
+            decoder.push(&buf[..n]);
+            loop {
+                let frame = match decoder.next_frame() {
+                    Ok(Some(frame)) => frame,
+                    Ok(None) => break,
+                    Err(e) => {
+                        // An oversized message closes the connection, as xenstored does.
+                        tracing::warn!(conn = id, error = %e, "closing connection");
+                        break 'conn;
+                    }
+                };
+                // An unprivileged domain waits here while it has too many requests
+                // outstanding: its socket is not read meanwhile (xenstored stops reading the
+                // ring).
+                let cause = match &gate {
+                    None => None,
+                    Some(gate) => tokio::select! {
+                        _ = kill_reader.notified() => break 'conn,
+                        p = gate.outstanding.clone().acquire_owned() => match p {
+                            Ok(p) => Some(Arc::new(p)),
+                            Err(_) => break 'conn,
+                        },
+                    },
+                };
+                let Some(inner) = weak.upgrade() else {
+                    break 'conn;
+                };
+                let mut shared = lock(&inner);
+                if !shared.store.is_open(id) {
+                    break 'conn;
+                }
+                let out = shared.store.handle(id, &frame);
+                shared.deliver(out, cause, &inner.limits);
             }
-            let out = shared.store.feed(id, &buf[..n]);
-            shared.deliver(out, inner.max_queued);
         }
         if let Some(inner) = weak.upgrade() {
             let mut shared = lock(&inner);
@@ -317,6 +507,7 @@ fn serve(inner: &Arc<Inner>, stream: tokio::net::UnixStream, domid: u32) {
             shared.drop_link(id);
         }
     });
+    Ok(())
 }
 
 /// A socket the server listens on. Dropping it stops the listener and removes the socket file.

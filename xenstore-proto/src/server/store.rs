@@ -158,6 +158,11 @@ impl Store {
         self.conns.keys().copied().collect()
     }
 
+    /// Open connections speaking as `domid`.
+    pub fn domain_conn_count(&self, domid: u32) -> usize {
+        self.conns.values().filter(|c| c.domid == domid).count()
+    }
+
     /// Watches set on a connection.
     pub fn watch_count(&self, conn: ConnId) -> usize {
         self.conns.get(&conn).map_or(0, |c| c.watches.len())

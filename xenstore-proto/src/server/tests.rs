@@ -1213,3 +1213,36 @@ fn special_watch_events_of_other_domains_never_reach_a_domu() {
         Perms(vec![perm(PermKind::None, 0)])
     );
 }
+
+#[test]
+fn the_transaction_quota_counts_all_connections_of_a_domain() {
+    // xenstored counts per connection, and a domU has one; here a domU may open several, so
+    // its 10 transactions are shared among them.
+    let mut f = Fixture::new();
+    let a = f.store.open(5);
+    let b = f.store.open(5);
+    let other = f.store.open(6);
+    let dom0 = f.store.open(0);
+    let mut open = Vec::new();
+    for i in 0..10 {
+        let conn = if i % 2 == 0 { a } else { b };
+        open.push((conn, start_tx(&mut f, conn)));
+    }
+    assert_eq!(f.err(a, Request::TransactionStart), XsErrno::ENOSPC);
+    assert_eq!(f.err(b, Request::TransactionStart), XsErrno::ENOSPC);
+    // Another domain and dom0 are not affected.
+    start_tx(&mut f, other);
+    for _ in 0..12 {
+        start_tx(&mut f, dom0);
+    }
+    // Ending one frees a place for either connection.
+    let (conn, tx) = open.pop().unwrap();
+    f.req(conn, tx, Request::TransactionEnd { commit: false })
+        .0
+        .unwrap();
+    start_tx(&mut f, a);
+    assert_eq!(f.err(b, Request::TransactionStart), XsErrno::ENOSPC);
+    // A closed connection's transactions go with it.
+    f.store.close(b);
+    start_tx(&mut f, a);
+}
