@@ -208,6 +208,7 @@ impl Server {
             .worker_threads(2)
             .thread_name("vrdma-xenstored")
             .enable_io()
+            .enable_time()
             .build()
             .map_err(ServerError::Runtime)?;
         let limits = Limits {
@@ -390,7 +391,7 @@ fn serve(
     domid: u32,
 ) -> Result<(), ServerError> {
     let limits = inner.limits;
-    let (tx, mut rx) = mpsc::unbounded_channel::<Queued>();
+    let (tx, rx) = mpsc::unbounded_channel::<Queued>();
     let kill_reader = Arc::new(Notify::new());
     let kill_writer = Arc::new(Notify::new());
     let (id, gate) = {
@@ -428,32 +429,11 @@ fn serve(
         );
         (id, gate)
     };
-    let (mut rd, mut wr) = stream.into_split();
+    let (mut rd, wr) = stream.into_split();
     let unprivileged = gate.is_some();
-    inner.handle.spawn(async move {
-        loop {
-            let q = tokio::select! {
-                _ = kill_writer.notified() => break,
-                q = rx.recv() => match q {
-                    Some(q) => q,
-                    None => break,
-                },
-            };
-            if unprivileged && q.event && q.at.elapsed() > limits.event_timeout {
-                tracing::debug!(conn = id, "watch event timed out unsent; dropped");
-                continue;
-            }
-            let written = tokio::select! {
-                _ = kill_writer.notified() => break,
-                r = wr.write_all(&q.frame) => r,
-            };
-            if written.is_err() {
-                break;
-            }
-        }
-        // Whatever is still queued is dropped with `rx`, giving back its charges.
-        let _ = wr.shutdown().await;
-    });
+    inner
+        .handle
+        .spawn(write_loop(id, wr, rx, kill_writer, unprivileged, limits));
     let weak = Arc::downgrade(inner);
     inner.handle.spawn(async move {
         let mut buf = vec![0u8; 8192];
@@ -508,6 +488,96 @@ fn serve(
         }
     });
     Ok(())
+}
+
+/// What woke the writer.
+enum Wake {
+    Kill,
+    Queued(Option<Queued>),
+    Wrote(io::Result<usize>),
+    Expiry,
+}
+
+/// The writer of one connection: sends queued frames in order. Watch events of an
+/// unprivileged connection that wait longer than the timeout are dropped, even while a write
+/// is stuck on a peer that does not read (as xenstored's timer): the requests that caused
+/// them stop counting as outstanding for their domain, so a guest that never reads cannot
+/// hold another domain's requests up for longer than that.
+async fn write_loop(
+    id: ConnId,
+    mut wr: tokio::net::unix::OwnedWriteHalf,
+    mut rx: mpsc::UnboundedReceiver<Queued>,
+    kill: Arc<Notify>,
+    unprivileged: bool,
+    limits: Limits,
+) {
+    let timeout = limits.event_timeout;
+    let stale = |q: &Queued| unprivileged && q.event && q.at.elapsed() >= timeout;
+    let mut pending: std::collections::VecDeque<Queued> = std::collections::VecDeque::new();
+    // The frame being written and how much of it is out (a partly written frame is finished).
+    let mut current: Option<(Queued, usize)> = None;
+    let mut open = true;
+    loop {
+        if current.is_none() {
+            while let Some(q) = pending.pop_front() {
+                if stale(&q) {
+                    tracing::debug!(conn = id, "watch event timed out unsent; dropped");
+                    continue;
+                }
+                current = Some((q, 0));
+                break;
+            }
+        }
+        if !open && current.is_none() {
+            break;
+        }
+        // Events are queued in order, so the first waiting one expires first.
+        let expiry = pending
+            .iter()
+            .find(|q| unprivileged && q.event)
+            .map(|q| tokio::time::Instant::from_std(q.at + timeout));
+        let wake = tokio::select! {
+            _ = kill.notified() => Wake::Kill,
+            q = rx.recv(), if open => Wake::Queued(q),
+            r = async {
+                match &current {
+                    Some((q, off)) => wr.write(&q.frame[*off..]).await,
+                    None => std::future::pending().await,
+                }
+            }, if current.is_some() => Wake::Wrote(r),
+            () = async {
+                match expiry {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            }, if expiry.is_some() => Wake::Expiry,
+        };
+        match wake {
+            Wake::Kill => break,
+            Wake::Queued(Some(q)) => pending.push_back(q),
+            Wake::Queued(None) => open = false,
+            Wake::Wrote(Ok(n)) if n > 0 => {
+                if let Some((q, off)) = &mut current {
+                    *off += n;
+                    if *off >= q.frame.len() {
+                        current = None;
+                    }
+                }
+            }
+            Wake::Wrote(_) => break,
+            Wake::Expiry => pending.retain(|q| {
+                let keep = !stale(q);
+                if !keep {
+                    tracing::debug!(conn = id, "watch event timed out unsent; dropped");
+                }
+                keep
+            }),
+        }
+    }
+    // Whatever is still queued is dropped here, giving back its charges.
+    drop(pending);
+    drop(current);
+    let _ = wr.shutdown().await;
 }
 
 /// A socket the server listens on. Dropping it stops the listener and removes the socket file.
