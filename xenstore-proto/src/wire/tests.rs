@@ -175,6 +175,18 @@ fn requests_round_trip_from_literal_bytes() {
             },
         ),
         (
+            // The special nodes carry permissions (XSA-115).
+            MsgType::SetPerms,
+            b"@releaseDomain\0n0\0r5\0",
+            Request::SetPerms {
+                path: "@releaseDomain",
+                perms: Perms(vec![
+                    Perm::new(PermKind::None, 0),
+                    Perm::new(PermKind::Read, 5),
+                ]),
+            },
+        ),
+        (
             MsgType::IsDomainIntroduced,
             b"4\0",
             Request::IsDomainIntroduced { domid: 4 },
