@@ -12,7 +12,7 @@
 
 mod backend;
 mod channel;
-mod paths;
+pub(crate) mod paths;
 
 #[cfg(test)]
 mod tests;
@@ -20,7 +20,9 @@ mod tests;
 use std::sync::Arc;
 
 pub use backend::{DeviceInfo, StatsSnapshot, StatsSource, XenbusBackend};
-pub use paths::{backend_root, device_backend_path, device_frontend_path};
+pub use paths::{
+    backend_root, device_backend_path, device_frontend_path, device_stats_path, stats_root,
+};
 
 use crate::device::ChannelMode;
 use crate::resources::Account;
