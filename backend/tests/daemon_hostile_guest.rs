@@ -369,3 +369,32 @@ fn regmr_flood_then_closing_does_not_stall_the_daemon_while_b_connects() {
         wait_value(&*s.dom0, &s.stats_node(a, k), "0");
     }
 }
+
+/// A ring's worth of requests at once uses up the channel thread's budget for one wake-up;
+/// the request after them must still wake it (the thread asks for a notification before it
+/// sleeps).
+#[test]
+fn a_full_ring_of_requests_then_one_more_is_answered() {
+    let s = Stack::start();
+    let a = attach(&s, Quotas::default());
+    let (mut fe, st) = Frontend::open(s.host.dir(), a, 0);
+    assert_eq!(st, "4");
+    assert_eq!(fe.call(Request::Init { version: 1 }).status, Status::Ok);
+    for round in 0..3u32 {
+        for i in 0..RING_SLOTS {
+            let slot = RequestRepr {
+                req_id: 10_000 * (round + 1) + i,
+                request: Request::QueryPort { port: 1 },
+            }
+            .to_bytes();
+            fe.ring.write_request(&slot).unwrap();
+        }
+        fe.ring.push_requests();
+        fe.evtchn.notify().unwrap();
+        for _ in 0..RING_SLOTS {
+            assert_eq!(fe.next_response().status, Status::Ok);
+        }
+        // The next request is published with the ring's ordinary notification rule.
+        assert_eq!(fe.call(Request::QueryPort { port: 1 }).status, Status::Ok);
+    }
+}

@@ -182,7 +182,8 @@ impl Running {
                 return Ok(false);
             }
             if budget == 0 {
-                return Ok(self.ring.unconsumed_requests()? != 0);
+                // Ask for a notification before sleeping, or the next request is never seen.
+                return self.ring.final_check_for_requests();
             }
             if !self.ring.final_check_for_requests()? {
                 return Ok(false);
