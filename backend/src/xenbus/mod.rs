@@ -8,7 +8,8 @@
 //!   fails ([`XenbusBackend::channel_fault`]) and on shutdown. Every call reads XenStore anew
 //!   and converges: a watch event only means "look again".
 //! - Live channels are opaque [`ChannelLink`]s made by a [`ChannelOpener`] (the control
-//!   service in the daemon, a fake in tests). Closing a link reclaims everything it held.
+//!   service in the daemon, a fake in tests). Closing a link reclaims everything it held
+//!   (perhaps just after `close` returns: it never waits long on a guest).
 
 mod backend;
 mod channel;
@@ -140,7 +141,9 @@ impl std::fmt::Display for CloseReason {
 }
 
 /// A live channel. Closing it releases everything the channel held (QPs flushed, MRs
-/// unmapped, pages revoked) before it returns.
+/// unmapped, pages revoked), exactly once. `close` returns within a bounded time whatever the
+/// guest does (it runs on the control-plane thread that serves every guest): a channel still
+/// busy with a guest request finishes releasing on its own thread after `close` returned.
 pub trait ChannelLink: Send {
     fn close(self: Box<Self>, reason: &CloseReason);
 }
