@@ -219,10 +219,10 @@ fn a_channel_gets_valid_grants_for_everything_it_creates() {
     let _ = qp_num;
 
     // The counters are in XenStore for the toolstack.
-    wait_value(&*s.dom0, &s.backend_node(d, "stats/qps"), "1");
-    wait_value(&*s.dom0, &s.backend_node(d, "stats/mrs"), "2");
-    wait_value(&*s.dom0, &s.backend_node(d, "stats/mr-pages"), "8");
-    wait_value(&*s.dom0, &s.backend_node(d, "stats/channels"), "1");
+    wait_value(&*s.dom0, &s.stats_node(d, "qps"), "1");
+    wait_value(&*s.dom0, &s.stats_node(d, "mrs"), "2");
+    wait_value(&*s.dom0, &s.stats_node(d, "mr-pages"), "8");
+    wait_value(&*s.dom0, &s.stats_node(d, "channels"), "1");
 
     // The process dies: its ring page goes, unmap-notify clears the alive byte.
     drop(fe);
@@ -230,7 +230,7 @@ fn a_channel_gets_valid_grants_for_everything_it_creates() {
         v.is_none()
     });
     for k in ["channels", "pds", "mrs", "mr-pages", "cqs", "qps"] {
-        wait_value(&*s.dom0, &s.backend_node(d, &format!("stats/{k}")), "0");
+        wait_value(&*s.dom0, &s.stats_node(d, k), "0");
     }
     assert!(!s
         .dom0
@@ -325,7 +325,7 @@ fn ring_index_games_close_the_channel_with_an_error() {
         .read_string(&s.backend_node(d, "channel/0/error"))
         .unwrap();
     assert!(err.contains("protocol error"), "{err}");
-    wait_value(&*s.dom0, &s.backend_node(d, "stats/channels"), "0");
+    wait_value(&*s.dom0, &s.stats_node(d, "channels"), "0");
 }
 
 #[test]
@@ -374,11 +374,11 @@ fn domain_destruction_reclaims_everything() {
     assert_eq!(st, "4");
     assert_eq!(fe.call(Request::Init { version: 1 }).status, Status::Ok);
     assert!(matches!(fe.call(Request::AllocPd).reply, Reply::Handle(_)));
-    wait_value(&*s.dom0, &s.backend_node(d, "stats/pds"), "1");
+    wait_value(&*s.dom0, &s.stats_node(d, "pds"), "1");
     s.host.destroy_domain(DomId(d as u16)).unwrap();
     wait_value(&*s.dom0, &s.backend_node(d, "state"), "6");
-    wait_value(&*s.dom0, &s.backend_node(d, "stats/pds"), "0");
-    wait_value(&*s.dom0, &s.backend_node(d, "stats/channels"), "0");
+    wait_value(&*s.dom0, &s.stats_node(d, "pds"), "0");
+    wait_value(&*s.dom0, &s.stats_node(d, "channels"), "0");
     drop(fe);
 }
 

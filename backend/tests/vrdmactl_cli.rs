@@ -259,7 +259,7 @@ fn detach_closes_a_live_channel_and_a_gone_domain_is_cleaned_up() {
     let (mut fe, st) = Frontend::open(s.host.dir(), d, 0);
     assert_eq!(st, "4");
     assert_eq!(fe.call(Request::Init { version: 1 }).status, Status::Ok);
-    wait_value(&*s.dom0, &s.backend_node(d, "stats/channels"), "1");
+    wait_value(&*s.dom0, &s.stats_node(d, "channels"), "1");
     let out = ok(&s, &["detach", &d.to_string()]);
     // "detached" (not "removed"): the backend closed the channel and answered Closed.
     assert!(out.starts_with("detached"), "{out}");
@@ -296,8 +296,8 @@ fn list_and_stats_show_channels_and_resources_then_zero() {
         fe.call(Request::DeallocPd { pd: pd + 1000 }).status,
         Status::Ok
     );
-    wait_value(&*s.dom0, &s.backend_node(d, "stats/mr-pages"), "2");
-    wait_value(&*s.dom0, &s.backend_node(d, "stats/pds"), "1");
+    wait_value(&*s.dom0, &s.stats_node(d, "mr-pages"), "2");
+    wait_value(&*s.dom0, &s.stats_node(d, "pds"), "1");
 
     let listed: serde_json::Value = serde_json::from_str(&ok(&s, &["list", "--json"])).unwrap();
     let dev = &listed[0];
@@ -337,8 +337,8 @@ fn list_and_stats_show_channels_and_resources_then_zero() {
     // The process goes: everything it held is reclaimed and the counters say so.
     drop(mem);
     drop(fe);
-    wait_value(&*s.dom0, &s.backend_node(d, "stats/channels"), "0");
-    wait_value(&*s.dom0, &s.backend_node(d, "stats/mr-pages"), "0");
+    wait_value(&*s.dom0, &s.stats_node(d, "channels"), "0");
+    wait_value(&*s.dom0, &s.stats_node(d, "mr-pages"), "0");
     let stats: serde_json::Value = serde_json::from_str(&ok(&s, &["stats", "--json"])).unwrap();
     for k in ["channels", "pds", "mrs", "mr-pages", "cqs", "qps"] {
         assert_eq!(stats[0]["counters"][k], 0, "{k}: {stats}");
@@ -349,7 +349,7 @@ fn list_and_stats_show_channels_and_resources_then_zero() {
     let err = fails(&s, &["stats", &d.to_string()]);
     assert!(err.contains("has no vrdma device"), "{err}");
     ok(&s, &["attach", &d.to_string()]);
-    wait_value(&*s.dom0, &s.backend_node(d, "stats/channels"), "0");
+    wait_value(&*s.dom0, &s.stats_node(d, "channels"), "0");
     let stats: serde_json::Value = serde_json::from_str(&ok(&s, &["stats", "--json"])).unwrap();
     for k in ["channels", "pds", "mrs", "mr-pages", "cqs", "qps"] {
         assert_eq!(stats[0]["counters"][k], 0, "{k}: {stats}");
@@ -395,14 +395,10 @@ fn stats_shows_per_qp_counters_until_the_qps_go() {
 
     // The daemon publishes them on its next stats round.
     let (an, bn) = (aqp.num.0, bqp.num.0);
+    wait_value(&*s.dom0, &s.stats_node(d, &format!("qp/{bn}/bytes")), "100");
     wait_value(
         &*s.dom0,
-        &s.backend_node(d, &format!("stats/qp/{bn}/bytes")),
-        "100",
-    );
-    wait_value(
-        &*s.dom0,
-        &s.backend_node(d, &format!("stats/qp/{an}/bytes")),
+        &s.stats_node(d, &format!("qp/{an}/bytes")),
         "4196",
     );
     let stats: serde_json::Value =
@@ -457,20 +453,18 @@ fn stats_shows_per_qp_counters_until_the_qps_go() {
 
     // Destroying a QP removes its directory; its peer goes to Error.
     dev.destroy_qp(b.id, bqp.num).unwrap();
-    wait_for(
-        &*s.dom0,
-        &s.backend_node(d, &format!("stats/qp/{bn}")),
-        |v| v.is_none(),
-    );
+    wait_for(&*s.dom0, &s.stats_node(d, &format!("qp/{bn}")), |v| {
+        v.is_none()
+    });
     wait_value(
         &*s.dom0,
-        &s.backend_node(d, &format!("stats/qp/{an}/state")),
+        &s.stats_node(d, &format!("qp/{an}/state")),
         "error",
     );
     // Closing the last channel (what reclaim does when the process dies) leaves nothing.
     dev.close_channel(a.id);
     dev.close_channel(b.id);
-    wait_for(&*s.dom0, &s.backend_node(d, "stats/qp"), |v| v.is_none());
+    wait_for(&*s.dom0, &s.stats_node(d, "qp"), |v| v.is_none());
     let stats: serde_json::Value =
         serde_json::from_str(&ok(&s, &["stats", &d.to_string(), "--json"])).unwrap();
     assert!(stats[0]["groups"].get("qp").is_none(), "{stats}");

@@ -167,10 +167,17 @@ impl Lab {
         }
     }
 
-    /// The numeric nodes under the backend's per-domain stats directory (`<back>/stats`),
+    /// The numeric nodes under the backend's stats node of the domain's device 0
+    /// (`/local/domain/0/vrdma-stats/<D>/0`),
     /// as (name, value).
     pub fn stats(&self, domid: DomId) -> Vec<(String, u64)> {
-        let dir = format!("{}/stats", self.back_dir(domid));
+        let dir = vrdma_backend::xenbus::device_stats_path(
+            0,
+            vrdma_backend::xenbus::DeviceId {
+                domid: u32::from(domid.0),
+                devid: 0,
+            },
+        );
         let names = self.dom0.directory(&dir).unwrap_or_default();
         names
             .into_iter()

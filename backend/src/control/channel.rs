@@ -1,10 +1,16 @@
 //! The thread serving one channel: it sleeps on the channel's event channel (and a waker for
 //! closing and deferred answers), serves the control ring, kicks the device engine, and
 //! watches the alive byte. It never spins.
+//!
+//! Closing takes bounded time whatever the guest does: the thread serves at most one ring's
+//! worth of requests per wake-up and checks the stop flag before each request, so it stops
+//! after the request in hand (one request's work is bounded by the guest's quotas); the daemon
+//! waits for it at most [`CLOSE_WAIT`], then leaves it to reclaim on its own.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
@@ -18,6 +24,10 @@ use crate::xenbus::{ChannelFault, ChannelLink, CloseReason, DeviceId};
 
 /// Offset of the alive byte in the ring page (`io/ring.h`'s private area, docs/split-driver.md).
 pub const ALIVE_OFFSET: usize = 16;
+
+/// How long closing a channel waits for its thread to finish reclaiming before the daemon
+/// moves on (the thread then reclaims on its own; nothing is reclaimed twice).
+pub const CLOSE_WAIT: Duration = Duration::from_millis(50);
 
 const EVTCHN: Token = Token(0);
 pub(super) const WAKE: Token = Token(1);
@@ -61,6 +71,25 @@ pub(super) struct Shared {
     pub(super) stop: AtomicBool,
     pub(super) reason: Mutex<Option<CloseReason>>,
     pub(super) waker: Arc<Waker>,
+    /// Set (and signalled) once the thread has reclaimed everything.
+    pub(super) done: Mutex<bool>,
+    pub(super) done_cv: Condvar,
+}
+
+impl Shared {
+    pub(super) fn new(waker: Arc<Waker>) -> Shared {
+        Shared {
+            stop: AtomicBool::new(false),
+            reason: Mutex::new(None),
+            waker,
+            done: Mutex::new(false),
+            done_cv: Condvar::new(),
+        }
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
 }
 
 impl Running {
@@ -75,16 +104,19 @@ impl Running {
     pub(super) fn run(mut self) {
         let mut events = Events::with_capacity(4);
         let fault = loop {
-            if let Err(e) = self.serve() {
-                break Some(ChannelFault::Protocol(e.to_string()));
-            }
+            let more = match self.serve() {
+                Ok(more) => more,
+                Err(e) => break Some(ChannelFault::Protocol(e.to_string())),
+            };
             if !alive(&self.ring_page) {
                 break Some(ChannelFault::Died);
             }
-            if self.shared.stop.load(Ordering::Acquire) {
+            if self.shared.stopping() {
                 break None;
             }
-            if let Err(e) = self.poll.poll(&mut events, None) {
+            // With requests left over, only look for events; otherwise sleep until one.
+            let timeout = more.then_some(Duration::ZERO);
+            if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() != std::io::ErrorKind::Interrupted {
                     break Some(ChannelFault::Protocol(format!(
                         "polling the event channel: {e}"
@@ -115,14 +147,23 @@ impl Running {
         if let Some(f) = fault {
             self.faults.report(self.device_id, self.channel, f);
         }
+        *lock(&self.shared.done) = true;
+        self.shared.done_cv.notify_all();
     }
 
-    /// Serves every request on the ring and the deferred answers; an error is the
+    /// Serves the requests on the ring (at most one ring's worth, so a frontend that keeps
+    /// publishing cannot keep the thread here) and the deferred answers, stopping early when
+    /// the channel is being closed. Returns whether requests are left; an error is the
     /// frontend's protocol error.
-    fn serve(&mut self) -> Result<(), RingError> {
+    fn serve(&mut self) -> Result<bool, RingError> {
+        let mut budget = self.ring.size();
         loop {
             let mut answered = false;
-            while let Some(slot) = self.ring.next_request()? {
+            while budget > 0 && !self.shared.stopping() {
+                let Some(slot) = self.ring.next_request()? else {
+                    break;
+                };
+                budget -= 1;
                 if let Some(rsp) = self.service.handle(&slot) {
                     self.ring.write_response(&rsp)?;
                     answered = true;
@@ -137,8 +178,15 @@ impl Running {
             if answered && self.ring.push_responses_and_check_notify() {
                 Notifier::notify(&*self.evtchn);
             }
+            if self.shared.stopping() {
+                return Ok(false);
+            }
+            if budget == 0 {
+                // Ask for a notification before sleeping, or the next request is never seen.
+                return self.ring.final_check_for_requests();
+            }
             if !self.ring.final_check_for_requests()? {
-                return Ok(());
+                return Ok(false);
             }
         }
     }
@@ -151,14 +199,30 @@ pub(super) struct ControlLink {
 }
 
 impl ChannelLink for ControlLink {
+    /// Stops the thread and waits at most [`CLOSE_WAIT`] for it to reclaim; a thread still in
+    /// the middle of a request finishes it, then reclaims by itself (detached).
     fn close(mut self: Box<Self>, reason: &CloseReason) {
         *lock(&self.shared.reason) = Some(reason.clone());
         self.shared.stop.store(true, Ordering::Release);
         let _ = self.shared.waker.wake();
-        if let Some(t) = self.thread.take() {
+        let (done, _) = self
+            .shared
+            .done_cv
+            .wait_timeout_while(lock(&self.shared.done), CLOSE_WAIT, |done| !*done)
+            .unwrap_or_else(|e| e.into_inner());
+        let done = *done;
+        let Some(t) = self.thread.take() else {
+            return;
+        };
+        if done {
             if t.join().is_err() {
                 tracing::error!("a channel thread panicked; its resources were dropped with it");
             }
+        } else {
+            tracing::warn!(
+                thread = t.thread().name().unwrap_or("?"),
+                "the channel's thread is still busy with a request after {CLOSE_WAIT:?}; it reclaims the channel when that request ends"
+            );
         }
     }
 }

@@ -12,8 +12,7 @@ mod channel;
 pub mod pages;
 pub mod service;
 
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use shared_ring::ControlBackRing;
 use xen_platform::{Access, DomId, EvtchnPort, GrantRef, Platform};
@@ -22,7 +21,7 @@ use crate::daemon::FaultSink;
 use crate::device::platform::foreign_mapping_region;
 use crate::device::Device;
 use crate::xenbus::{ChannelLink, ChannelOpener, ChannelRequest};
-pub use channel::{alive, ALIVE_OFFSET};
+pub use channel::{alive, ALIVE_OFFSET, CLOSE_WAIT};
 use channel::{ChannelNotifier, ControlLink, Running, Shared};
 pub use service::ControlService;
 
@@ -96,11 +95,7 @@ impl ChannelOpener for ControlOpener {
             req.mode,
             notifier,
         );
-        let shared = Arc::new(Shared {
-            stop: AtomicBool::new(false),
-            reason: Mutex::new(None),
-            waker,
-        });
+        let shared = Arc::new(Shared::new(waker));
         let running = Running {
             service,
             ring,

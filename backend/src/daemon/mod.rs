@@ -3,25 +3,50 @@
 //! (forwarded by one small thread per watch), channel faults (from the control services),
 //! stats changes, signals. Each event makes the state machines look at XenStore again, so the
 //! loop converges whatever the order of events.
+//!
+//! A guest can only hurt itself: the queue coalesces (N events about one device are one
+//! entry, so it is bounded by [`queue_capacity`]), each device's frontend scans are paced by a
+//! token bucket ([`FRONTEND_SCAN_BURST`], [`FRONTEND_SCANS_PER_SEC`]), its stats are published
+//! at most every [`STATS_MIN_INTERVAL`] under a path the daemon does not watch, and closing a
+//! channel never waits on the channel's thread for long.
 
 pub mod host;
+mod metrics;
+mod pacing;
+mod queue;
 pub mod signals;
 mod watches;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use xenstore_proto::client::XenbusStore;
 
 use crate::device::{Device, DeviceAttrs};
 use crate::resources::Quotas;
 use crate::xenbus::{ChannelFault, ChannelOpener, DeviceId, DeviceInfo, XenbusBackend};
+pub use metrics::{DaemonMetrics, MetricsSnapshot};
+use pacing::TokenBucket;
+use queue::{EventQueue, Pending};
 use watches::WatchPump;
 
 /// How often per-domain device counters (ops, bytes, ...) are republished when they change.
 pub const STATS_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Frontend scans a device may make at once before pacing starts.
+pub const FRONTEND_SCAN_BURST: u32 = 8;
+/// Frontend scans per second a device gets once its burst is spent.
+pub const FRONTEND_SCANS_PER_SEC: u32 = 50;
+/// The shortest time between two stats publications of one device.
+pub const STATS_MIN_INTERVAL: Duration = Duration::from_millis(250);
+
+/// The most entries the event queue can hold with `devices` devices and `channels` live
+/// channels: one per device and kind (backend, frontend, stats), one fault per channel, and
+/// the fixed ones (rescan, release, watch lost, shutdown).
+pub fn queue_capacity(devices: usize, channels: usize) -> usize {
+    3 * devices + channels + 4
+}
 
 /// Something the daemon must react to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,13 +69,12 @@ pub enum Event {
 
 /// Reports channel faults to the daemon (handed to the channel opener).
 #[derive(Clone)]
-pub struct FaultSink(Sender<Event>);
+pub struct FaultSink(Arc<EventQueue>);
 
 impl FaultSink {
     /// Reports `fault` of channel `n` of `device`.
     pub fn report(&self, device: DeviceId, n: u32, fault: ChannelFault) {
-        // A closed queue means the daemon is already gone; nothing left to tell.
-        let _ = self.0.send(Event::Fault(device, n, fault));
+        self.0.push(Event::Fault(device, n, fault));
     }
 }
 
@@ -62,11 +86,17 @@ impl std::fmt::Debug for FaultSink {
 
 /// Asks a running daemon to stop (SIGTERM does the same).
 #[derive(Clone, Debug)]
-pub struct ShutdownHandle(Sender<Event>);
+pub struct ShutdownHandle(Arc<EventQueue>);
+
+impl std::fmt::Debug for EventQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EventQueue")
+    }
+}
 
 impl ShutdownHandle {
     pub fn shutdown(&self) {
-        let _ = self.0.send(Event::Shutdown);
+        self.0.push(Event::Shutdown);
     }
 }
 
@@ -149,10 +179,19 @@ pub fn qp_state_name(s: shared_ring::abi::control::QpState) -> &'static str {
 pub struct Daemon {
     store: Arc<dyn XenbusStore>,
     xenbus: XenbusBackend,
-    tx: Sender<Event>,
-    rx: Receiver<Event>,
+    queue: Arc<EventQueue>,
     pumps: BTreeMap<String, WatchPump>,
-    dirty: Arc<Mutex<BTreeSet<DeviceId>>>,
+    metrics: Arc<DaemonMetrics>,
+    /// Per device: frontend scans allowed now.
+    scan_budget: BTreeMap<DeviceId, TokenBucket>,
+    /// Devices whose frontend scan waits for the budget.
+    scan_deferred: BTreeSet<DeviceId>,
+    /// Per device: when its stats were last written.
+    stats_at: BTreeMap<DeviceId, Instant>,
+    /// Devices whose stats publication waits for [`STATS_MIN_INTERVAL`].
+    stats_deferred: BTreeSet<DeviceId>,
+    /// When every device's counters are next looked at (they change without events).
+    stats_tick: Instant,
 }
 
 impl Daemon {
@@ -166,19 +205,18 @@ impl Daemon {
         stats: crate::xenbus::StatsSource,
         make_opener: impl FnOnce(FaultSink) -> Box<dyn ChannelOpener>,
     ) -> Daemon {
-        let (tx, rx) = mpsc::channel();
-        let dirty: Arc<Mutex<BTreeSet<DeviceId>>> = Arc::default();
+        let metrics = Arc::new(DaemonMetrics::default());
+        let store: Arc<dyn XenbusStore> =
+            Arc::new(metrics::CountingStore::new(store, metrics.clone()));
+        let queue = Arc::new(EventQueue::new(
+            crate::xenbus::backend_root(backend_domid),
+            metrics.clone(),
+        ));
         let on_change = {
-            let tx = tx.clone();
-            let dirty = dirty.clone();
-            Arc::new(move |id: DeviceId| {
-                // Coalesce: one event per device until the daemon publishes.
-                if lock(&dirty).insert(id) {
-                    let _ = tx.send(Event::StatsDirty(id));
-                }
-            })
+            let queue = queue.clone();
+            Arc::new(move |id: DeviceId| queue.push(Event::StatsDirty(id)))
         };
-        let opener = make_opener(FaultSink(tx.clone()));
+        let opener = make_opener(FaultSink(queue.clone()));
         let xenbus = XenbusBackend::new(
             store.clone(),
             backend_domid,
@@ -191,16 +229,25 @@ impl Daemon {
         Daemon {
             store,
             xenbus,
-            tx,
-            rx,
+            queue,
             pumps: BTreeMap::new(),
-            dirty,
+            metrics,
+            scan_budget: BTreeMap::new(),
+            scan_deferred: BTreeSet::new(),
+            stats_at: BTreeMap::new(),
+            stats_deferred: BTreeSet::new(),
+            stats_tick: Instant::now() + STATS_INTERVAL,
         }
+    }
+
+    /// The daemon's counters (XenStore operations, event queue length).
+    pub fn metrics(&self) -> Arc<DaemonMetrics> {
+        self.metrics.clone()
     }
 
     /// A handle that stops [`Daemon::run`].
     pub fn shutdown_handle(&self) -> ShutdownHandle {
-        ShutdownHandle(self.tx.clone())
+        ShutdownHandle(self.queue.clone())
     }
 
     /// Serves until shut down (then every channel is closed politely) or until XenStore is
@@ -221,36 +268,123 @@ impl Daemon {
         self.xenbus.scan()?;
         self.sync_pumps()?;
         loop {
-            let event = match self.rx.recv_timeout(STATS_INTERVAL) {
-                Ok(ev) => ev,
-                Err(RecvTimeoutError::Timeout) => {
-                    for id in self.xenbus.devices() {
-                        let r = self.xenbus.publish_stats(id);
-                        self.check(r)?;
-                    }
-                    continue;
-                }
-                Err(RecvTimeoutError::Disconnected) => return Ok(()),
-            };
-            tracing::trace!(?event, "event");
-            let result = match event {
-                Event::Shutdown => {
-                    tracing::info!("shutting down: closing every channel");
-                    return Ok(());
-                }
-                Event::WatchLost(path) => return Err(DaemonError::WatchLost(path)),
-                Event::Backend(path) => self.xenbus.on_backend_path(&path),
-                Event::Frontend(id) => self.xenbus.scan_frontend(id),
-                Event::ReleaseDomain => self.xenbus.on_release_domain(),
-                Event::Fault(id, n, fault) => self.xenbus.channel_fault(id, n, fault),
-                Event::StatsDirty(id) => {
-                    lock(&self.dirty).remove(&id);
-                    self.xenbus.publish_stats(id)
-                }
-            };
-            self.check(result)?;
+            let timeout = self
+                .next_deadline()
+                .map(|at| at.saturating_duration_since(Instant::now()));
+            let batch = self.queue.take(timeout);
+            tracing::trace!(?batch, "events");
+            if batch.shutdown {
+                tracing::info!("shutting down: closing every channel");
+                return Ok(());
+            }
+            if let Some(path) = batch.watch_lost {
+                return Err(DaemonError::WatchLost(path));
+            }
+            self.handle(batch)?;
             self.sync_pumps()?;
         }
+    }
+
+    /// Serves one batch of merged events, then whatever pacing held back and is now due.
+    fn handle(&mut self, batch: Pending) -> Result<(), DaemonError> {
+        let Pending {
+            rescan,
+            release_domain,
+            backend,
+            frontend,
+            stats,
+            faults,
+            ..
+        } = batch;
+        for ((id, n), fault) in faults {
+            let r = self.xenbus.channel_fault(id, n, fault);
+            self.check(r)?;
+        }
+        if rescan {
+            // Evaluates every device, frontends included.
+            let r = self.xenbus.scan();
+            self.check(r)?;
+        } else {
+            for &id in &backend {
+                // The toolstack's node: never paced; evaluating includes the frontend scan.
+                let r = self.xenbus.evaluate(id);
+                self.check(r)?;
+                self.scan_deferred.remove(&id);
+            }
+        }
+        if release_domain {
+            let r = self.xenbus.on_release_domain();
+            self.check(r)?;
+        }
+        let now = Instant::now();
+        let frontend: BTreeSet<DeviceId> = if rescan {
+            BTreeSet::new()
+        } else {
+            frontend
+                .into_iter()
+                .filter(|id| !backend.contains(id))
+                .chain(std::mem::take(&mut self.scan_deferred))
+                .collect()
+        };
+        for id in frontend {
+            let budget = self.scan_budget.entry(id).or_insert_with(|| {
+                TokenBucket::new(FRONTEND_SCAN_BURST, FRONTEND_SCANS_PER_SEC, now)
+            });
+            if budget.try_take(now) {
+                self.metrics.frontend_scanned();
+                let r = self.xenbus.scan_frontend(id);
+                self.check(r)?;
+            } else {
+                self.scan_deferred.insert(id);
+            }
+        }
+        let mut due: BTreeSet<DeviceId> = stats
+            .into_iter()
+            .chain(std::mem::take(&mut self.stats_deferred))
+            .collect();
+        if now >= self.stats_tick {
+            due.extend(self.xenbus.devices());
+            self.stats_tick = now + STATS_INTERVAL;
+        }
+        for id in due {
+            match self.stats_at.get(&id) {
+                Some(&at) if now < at + STATS_MIN_INTERVAL => {
+                    self.stats_deferred.insert(id);
+                }
+                _ => {
+                    let r = self.xenbus.publish_stats(id);
+                    if matches!(r, Ok(true)) {
+                        self.metrics.stats_published();
+                        self.stats_at.insert(id, now);
+                    }
+                    self.check(r.map(|_| ()))?;
+                }
+            }
+        }
+        self.forget_gone_devices();
+        Ok(())
+    }
+
+    /// When the loop must wake up without an event: deferred work, or the stats tick.
+    fn next_deadline(&self) -> Option<Instant> {
+        let scans = self
+            .scan_deferred
+            .iter()
+            .filter_map(|id| self.scan_budget.get(id).map(TokenBucket::next_at));
+        let stats = self
+            .stats_deferred
+            .iter()
+            .filter_map(|id| self.stats_at.get(id).map(|&at| at + STATS_MIN_INTERVAL));
+        scans.chain(stats).chain([self.stats_tick]).min()
+    }
+
+    /// Pacing state of devices the backend no longer knows is dropped.
+    fn forget_gone_devices(&mut self) {
+        let known: BTreeSet<DeviceId> = self.xenbus.devices().into_iter().collect();
+        self.scan_budget.retain(|id, _| known.contains(id));
+        self.scan_deferred.retain(|id| known.contains(id));
+        self.stats_at.retain(|id, _| known.contains(id));
+        self.stats_deferred.retain(|id| known.contains(id));
     }
 
     /// A XenStore error in one handler is logged and the loop goes on, unless the connection
@@ -271,7 +405,7 @@ impl Daemon {
         path: String,
         map: impl Fn(String) -> Event + Send + 'static,
     ) -> Result<(), DaemonError> {
-        let pump = WatchPump::start(&*self.store, &path, self.tx.clone(), map)?;
+        let pump = WatchPump::start(&*self.store, &path, self.queue.clone(), map)?;
         self.pumps.insert(path, pump);
         Ok(())
     }
@@ -294,8 +428,4 @@ impl Daemon {
         }
         Ok(())
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }

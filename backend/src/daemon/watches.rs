@@ -1,13 +1,14 @@
 //! One thread per XenStore watch, forwarding its events to the daemon's queue (the blocking
-//! client's watches are iterators; the queue lets one thread wait on all of them).
+//! client's watches are iterators; the queue lets one thread wait on all of them, and merges
+//! repeated events, so a storm of them costs one entry).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::Duration;
 
 use xenstore_proto::client::XenbusStore;
 
+use super::queue::EventQueue;
 use super::Event;
 
 /// How long a forwarder waits for an event before it checks whether it should stop.
@@ -23,7 +24,7 @@ impl WatchPump {
     pub(super) fn start(
         store: &dyn XenbusStore,
         path: &str,
-        tx: Sender<Event>,
+        queue: Arc<EventQueue>,
         map: impl Fn(String) -> Event + Send + 'static,
     ) -> xenstore_proto::client::Result<WatchPump> {
         let mut watch = store.watch(path)?;
@@ -37,16 +38,12 @@ impl WatchPump {
                     return;
                 }
                 match watch.next_event(Some(STOP_CHECK)) {
-                    Ok(Some(ev)) => {
-                        if tx.send(map(ev.path)).is_err() {
-                            return;
-                        }
-                    }
+                    Ok(Some(ev)) => queue.push(map(ev.path)),
                     Ok(None) => {}
                     Err(e) => {
                         if !flag.load(Ordering::Relaxed) {
                             tracing::error!("watch on {name} ended: {e}");
-                            let _ = tx.send(Event::WatchLost(name));
+                            queue.push(Event::WatchLost(name));
                         }
                         return;
                     }

@@ -1,6 +1,7 @@
 //! Reading vrdma devices back from XenStore for `vrdmactl list` and `vrdmactl stats`: the
 //! devices under a backend's root, their states, quotas and channels, and the counters the
-//! backend publishes under each device's `stats/` (docs/backend.md, "Counters in XenStore").
+//! backend publishes for each device under `/local/domain/<B>/vrdma-stats/<D>/<devid>/`
+//! (docs/backend.md, "Counters in XenStore").
 //!
 //! Reads are not in a transaction: a node that vanishes between a listing and its read is
 //! simply shown as missing.
@@ -12,7 +13,7 @@ use xenstore_proto::client::{NodeOps, Result};
 
 use super::{device_paths, DevicePaths};
 use crate::resources::Resource;
-use crate::xenbus::{backend_root, XenbusState};
+use crate::xenbus::{backend_root, device_stats_path, DeviceId, XenbusState};
 
 /// One device as `vrdmactl list` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -51,15 +52,15 @@ pub struct ChannelReport {
 pub struct DeviceStats {
     pub domid: u32,
     pub devid: u32,
-    /// `stats/<key>`: resources held now (`channels`, `pds`, `mrs`, `mr-pages`, `cqs`, `qps`)
+    /// `<stats>/<key>`: resources held now (`channels`, `pds`, `mrs`, `mr-pages`, `cqs`, `qps`)
     /// and cumulative device counters (`ops`, `bytes`, `errors`, `notifications`, `events`).
     pub counters: BTreeMap<String, u64>,
-    /// `stats/<group>/<id>/<key>`, e.g. per-QP counters under `stats/qp/<qpn>/` (`ops`,
+    /// `<stats>/<group>/<id>/<key>`, e.g. per-QP counters under `<stats>/qp/<qpn>/` (`ops`,
     /// `bytes`, `errors`, `recvs` and the QP's `state`).
     pub groups: BTreeMap<String, BTreeMap<String, BTreeMap<String, StatValue>>>,
 }
 
-/// A value under `stats/<group>/<id>/`: a counter, or text such as a QP's state.
+/// A value under `<stats>/<group>/<id>/`: a counter, or text such as a QP's state.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(untagged)]
 pub enum StatValue {
@@ -200,10 +201,7 @@ pub fn device_stats(
     domid: u32,
     devid: u32,
 ) -> Result<DeviceStats> {
-    let base = format!(
-        "{}/stats",
-        device_paths(domid, backend_domid, devid).backend
-    );
+    let base = device_stats_path(backend_domid, DeviceId { domid, devid });
     let mut stats = DeviceStats {
         domid,
         devid,

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use xenstore_proto::client::{NodeOps, Result, XenbusStore, XenbusStoreExt};
 
 use super::channel::ChannelRecord;
-use super::paths::{self, backend_root, device_backend_path, device_frontend_path};
+use super::paths::{
+    self, backend_root, device_backend_path, device_frontend_path, device_stats_path, stats_root,
+};
 use super::{ChannelOpener, CloseReason, DeviceId, XenbusState};
 use crate::resources::{Account, Quotas, Resource};
 
@@ -39,6 +41,8 @@ pub(super) struct DeviceRecord {
     pub(super) id: DeviceId,
     pub(super) backend_path: String,
     pub(super) frontend_path: String,
+    /// Where the device's counters are published (not under the watched root).
+    pub(super) stats_path: String,
     /// The device state this backend last wrote (None: not yet).
     pub(super) written: Option<XenbusState>,
     pub(super) account: Arc<Account>,
@@ -160,8 +164,38 @@ impl XenbusBackend {
         for id in gone {
             self.vanished(id);
         }
+        self.remove_stale_stats(&seen)?;
         for id in seen {
             self.evaluate(id)?;
+        }
+        Ok(())
+    }
+
+    /// Removes the counters of devices that no longer exist (detached while no backend ran).
+    fn remove_stale_stats(&self, seen: &BTreeSet<DeviceId>) -> Result<()> {
+        let root = stats_root(self.backend_domid);
+        for dom in list(&*self.store, &root)? {
+            let devs = list(&*self.store, &format!("{root}/{dom}"))?;
+            let stale: Vec<&String> = devs
+                .iter()
+                .filter(|dev| {
+                    let id = paths::parse_index(&dom)
+                        .zip(paths::parse_index(dev))
+                        .map(|(domid, devid)| DeviceId { domid, devid });
+                    !id.is_some_and(|id| seen.contains(&id))
+                })
+                .collect();
+            if stale.len() == devs.len() {
+                self.store
+                    .rm(&format!("{root}/{dom}"))
+                    .or_else(ignore_enoent)?;
+            } else {
+                for dev in stale {
+                    self.store
+                        .rm(&format!("{root}/{dom}/{dev}"))
+                        .or_else(ignore_enoent)?;
+                }
+            }
         }
         Ok(())
     }
@@ -264,6 +298,7 @@ impl XenbusBackend {
             id,
             backend_path: base.clone(),
             frontend_path: expected,
+            stats_path: device_stats_path(self.backend_domid, id),
             written: None,
             account,
             channels: BTreeMap::new(),
@@ -272,9 +307,11 @@ impl XenbusBackend {
             published_qps: BTreeMap::new(),
         };
         let stale = self.close_stale_channels(&mut record)?;
-        // Per-QP counters of an earlier backend process describe QPs that are gone.
+        // Counters of an earlier backend process describe objects that are gone (and an older
+        // backend published them in the device node itself).
+        self.store.rm(&record.stats_path).or_else(ignore_enoent)?;
         self.store
-            .rm(&format!("{base}/stats/qp"))
+            .rm(&format!("{base}/stats"))
             .or_else(ignore_enoent)?;
         self.devices.insert(id, record);
         let online = read_flag(&*self.store, &format!("{base}/online"))?;
@@ -393,6 +430,9 @@ impl XenbusBackend {
         let n = self.close_all_channels(id, &CloseReason::Detached, false);
         if let Some(d) = self.devices.remove(&id) {
             debug_assert!(d.channels.values().all(|c| !c.is_live()));
+            if let Err(e) = self.store.rm(&d.stats_path).or_else(ignore_enoent) {
+                tracing::warn!(device = %id, "cannot remove {}: {e}", d.stats_path);
+            }
         }
         tracing::info!(device = %id, "device removed by the toolstack ({n} channels reclaimed)");
     }
@@ -437,11 +477,12 @@ impl XenbusBackend {
         Ok(q)
     }
 
-    /// Writes the device's counters under `stats/` (only those that changed), the per-QP
-    /// counters under `stats/qp/<qpn>/`, and removes the directories of QPs that are gone.
-    pub fn publish_stats(&mut self, id: DeviceId) -> Result<()> {
+    /// Writes the device's counters under its stats node ([`device_stats_path`]; only those
+    /// that changed), the per-QP counters under `qp/<qpn>/`, and removes the directories of
+    /// QPs that are gone. Returns whether anything was written. The daemon paces the calls.
+    pub fn publish_stats(&mut self, id: DeviceId) -> Result<bool> {
         let Some(d) = self.devices.get(&id) else {
-            return Ok(());
+            return Ok(false);
         };
         let usage = d.account.usage();
         let mut values: BTreeMap<&'static str, u64> = Resource::ALL
@@ -475,39 +516,43 @@ impl XenbusBackend {
             .collect();
         let all_gone = qps.is_empty() && !d.published_qps.is_empty();
         if changed.is_empty() && qp_changed.is_empty() && qp_gone.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         let base = d.backend_path.clone();
-        self.store.transaction(|t| {
+        let stats = d.stats_path.clone();
+        let perms = crate::toolstack::backend_perms(id.domid, self.backend_domid);
+        let wrote = self.store.transaction(|t| {
             if !t.exists(&base)? {
-                return Ok(());
+                return Ok(false);
+            }
+            if !t.exists(&stats)? {
+                // Readable by the guest, as the device node is.
+                t.mkdir(&stats)?;
+                t.set_perms(&stats, &perms)?;
             }
             for (k, v) in &changed {
-                t.write(&format!("{base}/stats/{k}"), v.to_string().as_bytes())?;
+                t.write(&format!("{stats}/{k}"), v.to_string().as_bytes())?;
             }
             for (n, k, v) in &qp_changed {
-                t.write(&format!("{base}/stats/qp/{n}/{k}"), v.as_bytes())?;
+                t.write(&format!("{stats}/qp/{n}/{k}"), v.as_bytes())?;
             }
             let gone = if all_gone {
-                vec![format!("{base}/stats/qp")]
+                vec![format!("{stats}/qp")]
             } else {
-                qp_gone
-                    .iter()
-                    .map(|n| format!("{base}/stats/qp/{n}"))
-                    .collect()
+                qp_gone.iter().map(|n| format!("{stats}/qp/{n}")).collect()
             };
             for p in gone {
                 if t.exists(&p)? {
                     t.rm(&p)?;
                 }
             }
-            Ok(())
+            Ok(true)
         })?;
         if let Some(d) = self.devices.get_mut(&id) {
             d.published = values;
             d.published_qps = qps;
         }
-        Ok(())
+        Ok(wrote)
     }
 }
 

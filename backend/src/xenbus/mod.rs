@@ -8,11 +8,12 @@
 //!   fails ([`XenbusBackend::channel_fault`]) and on shutdown. Every call reads XenStore anew
 //!   and converges: a watch event only means "look again".
 //! - Live channels are opaque [`ChannelLink`]s made by a [`ChannelOpener`] (the control
-//!   service in the daemon, a fake in tests). Closing a link reclaims everything it held.
+//!   service in the daemon, a fake in tests). Closing a link reclaims everything it held
+//!   (perhaps just after `close` returns: it never waits long on a guest).
 
 mod backend;
 mod channel;
-mod paths;
+pub(crate) mod paths;
 
 #[cfg(test)]
 mod tests;
@@ -20,7 +21,9 @@ mod tests;
 use std::sync::Arc;
 
 pub use backend::{DeviceInfo, StatsSnapshot, StatsSource, XenbusBackend};
-pub use paths::{backend_root, device_backend_path, device_frontend_path};
+pub use paths::{
+    backend_root, device_backend_path, device_frontend_path, device_stats_path, stats_root,
+};
 
 use crate::device::ChannelMode;
 use crate::resources::Account;
@@ -138,7 +141,9 @@ impl std::fmt::Display for CloseReason {
 }
 
 /// A live channel. Closing it releases everything the channel held (QPs flushed, MRs
-/// unmapped, pages revoked) before it returns.
+/// unmapped, pages revoked), exactly once. `close` returns within a bounded time whatever the
+/// guest does (it runs on the control-plane thread that serves every guest): a channel still
+/// busy with a guest request finishes releasing on its own thread after `close` returned.
 pub trait ChannelLink: Send {
     fn close(self: Box<Self>, reason: &CloseReason);
 }

@@ -12,6 +12,17 @@ pub fn device_backend_path(backend_domid: u32, id: DeviceId) -> String {
     format!("{}/{}/{}", backend_root(backend_domid), id.domid, id.devid)
 }
 
+/// `/local/domain/<B>/vrdma-stats`: where the backend publishes counters, outside the root it
+/// watches so publishing never fires the backend's own watch.
+pub fn stats_root(backend_domid: u32) -> String {
+    format!("/local/domain/{backend_domid}/vrdma-stats")
+}
+
+/// `/local/domain/<B>/vrdma-stats/<D>/<devid>`: the counters of one device.
+pub fn device_stats_path(backend_domid: u32, id: DeviceId) -> String {
+    format!("{}/{}/{}", stats_root(backend_domid), id.domid, id.devid)
+}
+
 /// `/local/domain/<D>/device/vrdma/<devid>`.
 pub fn device_frontend_path(id: DeviceId) -> String {
     format!("/local/domain/{}/device/vrdma/{}", id.domid, id.devid)
@@ -65,5 +76,7 @@ mod tests {
             "/local/domain/0/backend/vrdma/3/0"
         );
         assert_eq!(device_frontend_path(id), "/local/domain/3/device/vrdma/0");
+        assert_eq!(device_stats_path(0, id), "/local/domain/0/vrdma-stats/3/0");
+        assert!(!device_stats_path(0, id).starts_with(&format!("{root}/")));
     }
 }

@@ -11,7 +11,7 @@ use shared_ring::abi::control::{access, Reply, Request, RequestRepr, ResponseRep
 use shared_ring::abi::page_dir::PageList;
 use shared_ring::{ControlFrontRing, SharedRegion};
 use vrdma_backend::control::{ControlOpener, ALIVE_OFFSET};
-use vrdma_backend::daemon::{self, Daemon, DaemonError, ShutdownHandle};
+use vrdma_backend::daemon::{self, Daemon, DaemonError, DaemonMetrics, ShutdownHandle};
 use vrdma_backend::device::platform::shared_pages_region;
 use vrdma_backend::device::{Device, EngineConfig, SoftDevice};
 use vrdma_backend::resources::Quotas;
@@ -36,6 +36,8 @@ pub struct Stack {
     pub host: SimHost,
     pub dom0: Arc<Client>,
     pub device: Arc<dyn Device>,
+    /// The running daemon's counters (XenStore operations, event queue).
+    pub metrics: Arc<DaemonMetrics>,
     daemon: Option<(ShutdownHandle, JoinHandle<Result<(), DaemonError>>)>,
 }
 
@@ -54,6 +56,7 @@ impl Stack {
             host,
             dom0,
             device,
+            metrics: Arc::default(),
             daemon: None,
         };
         s.start_daemon();
@@ -75,6 +78,7 @@ impl Stack {
             move |faults| Box::new(ControlOpener::new(p0, device, faults)),
         );
         let handle = d.shutdown_handle();
+        self.metrics = d.metrics();
         let thread = std::thread::spawn(move || d.run());
         self.daemon = Some((handle, thread));
     }
@@ -92,6 +96,12 @@ impl Stack {
 
     pub fn backend_node(&self, domid: u32, key: &str) -> String {
         format!("/local/domain/0/backend/vrdma/{domid}/0/{key}")
+    }
+
+    /// A counter the backend publishes for device 0 of `domid` (`key` is e.g. `pds` or
+    /// `qp/<qpn>/ops`).
+    pub fn stats_node(&self, domid: u32, key: &str) -> String {
+        format!("/local/domain/0/vrdma-stats/{domid}/0/{key}")
     }
 }
 

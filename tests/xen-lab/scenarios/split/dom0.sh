@@ -37,13 +37,13 @@ done
 relay labU2 labU1 vrdma-killed || fail=1
 i=0
 while :; do
-    held=$(xenstore-read "/local/domain/0/backend/vrdma/$D2/0/stats/channels" 2>/dev/null)
+    held=$(xenstore-read "/local/domain/0/vrdma-stats/$D2/0/channels" 2>/dev/null)
     [ "$held" = 0 ] && break
     i=$((i+1)); [ $i -gt 120 ] && { lab_log "labU2's killed process not reclaimed (channels=$held)"; fail=1; break; }
     sleep 0.5
 done
 for k in channels pds mrs mr-pages cqs qps; do
-    v=$(xenstore-read "/local/domain/0/backend/vrdma/$D2/0/stats/$k" 2>/dev/null)
+    v=$(xenstore-read "/local/domain/0/vrdma-stats/$D2/0/$k" 2>/dev/null)
     [ "$v" = 0 ] || { lab_log "after the kill, stats/$k = '$v'"; fail=1; }
 done
 lab_log "labU2's killed process reclaimed: $(vrdmactl stats "$D2" | tr -s ' ' | tr '\n' ';')"
