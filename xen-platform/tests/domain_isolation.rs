@@ -268,3 +268,109 @@ fn adopting_a_process_that_is_not_ones_own_child_is_refused() {
         "{st:?}"
     );
 }
+
+/// Whether `pid` runs (exists and is not a zombie).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rfind(')')
+            .is_some_and(|at| !s[at + 1..].trim_start().starts_with('Z'))
+    })
+}
+
+/// Kills `pid` if it still runs (a failed test must not leave processes behind).
+fn reap(pid: u32) {
+    if running(pid) {
+        if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
+            let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+        }
+    }
+}
+
+fn wait_gone(pid: u32) -> bool {
+    for _ in 0..400 {
+        if !running(pid) {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    false
+}
+
+#[test]
+fn a_daemonized_process_stays_in_its_domain() {
+    let s = Served::start();
+    let d = s.create();
+    let out = s.dir().join("daemon.out");
+    // `( cmd & )`: the subshell exits at once, so `cmd` is an orphan in a new session — what a
+    // daemon is — and then tries dom0's XenStore.
+    let script = r#"(setsid "$0" --exact attack_role --nocapture --test-threads=1 >"$1" 2>&1 &)
+        i=0
+        while ! grep -q ACTION "$1" 2>/dev/null && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done"#;
+    let st = Command::new(BIN)
+        .env(xen_platform::ENV_SIM_DIR, s.dir())
+        .env(ACTIONS, "xs:0")
+        .args(["run", &d.0.to_string(), "--", "sh", "-c", script])
+        .arg(std::env::current_exe().unwrap())
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(st.success(), "{st:?}");
+    let text = std::fs::read_to_string(&out).unwrap();
+    let line = text
+        .lines()
+        .find_map(|l| l.find("ACTION ").map(|at| &l[at..]))
+        .unwrap_or_else(|| panic!("the daemon printed no result: {text}"));
+    assert_refused(line, "EACCES");
+}
+
+#[test]
+fn a_domains_processes_live_no_longer_than_its_command_or_the_domain() {
+    let s = Served::start();
+    let d = s.create();
+    // A background process left behind when the command exits is killed with it.
+    let out = Command::new(BIN)
+        .env(xen_platform::ENV_SIM_DIR, s.dir())
+        .args(["run", &d.0.to_string(), "--", "sh", "-c"])
+        .arg("sleep 1000 >/dev/null 2>&1 & echo $!")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let left: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    let gone = wait_gone(left);
+    reap(left);
+    assert!(gone, "process {left} outlived its command");
+
+    // A daemon of a running command (own session, orphaned) dies with the domain.
+    let pidfile = s.dir().join("daemon.pid");
+    let mut run = Command::new(BIN)
+        .env(xen_platform::ENV_SIM_DIR, s.dir())
+        .args(["run", &d.0.to_string(), "--", "sh", "-c"])
+        .arg(r#"(setsid sleep 1000 >/dev/null 2>&1 & echo $! >"$0.tmp"; mv "$0.tmp" "$0"); sleep 1000"#)
+        .arg(&pidfile)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut daemon = None;
+    for _ in 0..1000 {
+        if let Ok(t) = std::fs::read_to_string(&pidfile) {
+            daemon = t.trim().parse::<u32>().ok();
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let daemon = daemon.expect("the command never wrote its daemon's pid");
+    assert!(running(daemon));
+    SimControl::connect(s.dir())
+        .unwrap()
+        .destroy_domain(d)
+        .unwrap();
+    let st = run.wait().unwrap();
+    let gone = wait_gone(daemon);
+    reap(daemon);
+    assert!(gone, "the daemon {daemon} outlived its domain");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&st).or(st.code().map(|c| c - 128)),
+        Some(9),
+        "{st:?}"
+    );
+}

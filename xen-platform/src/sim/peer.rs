@@ -12,13 +12,13 @@ const MAX_DEPTH: usize = 4096;
 /// The pid of the process that connected `conn` (`SO_PEERCRED`, recorded by the kernel at
 /// `connect`), or `None` if the kernel could not give one (a peer in a pid namespace this
 /// process cannot see reads as pid 0).
-pub(crate) fn peer_pid(conn: impl AsFd) -> Option<u32> {
+pub fn peer_pid(conn: impl AsFd) -> Option<u32> {
     let cred = rustix::net::sockopt::socket_peercred(conn).ok()?;
     u32::try_from(cred.pid.as_raw_nonzero().get()).ok()
 }
 
 /// The parent of `pid` (field 4 of `/proc/<pid>/stat`), or `None` if `pid` is gone.
-pub(crate) fn parent(pid: u32) -> Option<u32> {
+pub fn parent(pid: u32) -> Option<u32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     parse_ppid(&stat)
 }
@@ -34,7 +34,7 @@ fn parse_ppid(stat: &str) -> Option<u32> {
 
 /// `pid` and its ancestors, nearest first, up to (not including) pid 0. `Err` names the
 /// process whose parent could not be read (it exited meanwhile).
-pub(crate) fn ancestry(pid: u32) -> Result<Vec<u32>, u32> {
+pub fn ancestry(pid: u32) -> Result<Vec<u32>, u32> {
     let mut chain = vec![pid];
     let mut p = pid;
     while p > 1 && chain.len() < MAX_DEPTH {
@@ -49,7 +49,7 @@ pub(crate) fn ancestry(pid: u32) -> Result<Vec<u32>, u32> {
 
 /// Every process's parent, from one pass over `/proc` (processes that exit meanwhile are
 /// skipped).
-pub(crate) fn process_tree() -> HashMap<u32, u32> {
+pub fn process_tree() -> HashMap<u32, u32> {
     let mut tree = HashMap::new();
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return tree;
@@ -66,7 +66,7 @@ pub(crate) fn process_tree() -> HashMap<u32, u32> {
 }
 
 /// The processes of `tree` that are one of `roots` or descend from one.
-pub(crate) fn descendants(tree: &HashMap<u32, u32>, roots: &[u32]) -> Vec<u32> {
+pub fn descendants(tree: &HashMap<u32, u32>, roots: &[u32]) -> Vec<u32> {
     tree.keys()
         .copied()
         .filter(|&pid| {
