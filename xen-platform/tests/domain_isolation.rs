@@ -374,3 +374,43 @@ fn a_domains_processes_live_no_longer_than_its_command_or_the_domain() {
         "{st:?}"
     );
 }
+
+#[test]
+fn a_process_of_another_user_is_refused_even_where_the_files_let_it_in() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "TEST DID NOT RUN: starting a process of another uid needs root (CI runs as root)"
+    );
+    let s = Served::start();
+    // The filesystem no longer stops the other user; the host must.
+    std::fs::set_permissions(s.dir(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(
+        sock::control_socket(&s.dir()),
+        std::fs::Permissions::from_mode(0o777),
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .uid(65534)
+        .gid(65534)
+        .args(["domain", "list", "--dir"])
+        .arg(s.dir())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        err.contains("runs as uid 65534; this simulated host serves only its own user"),
+        "{err}"
+    );
+    // Root (the host's user here) still can.
+    assert_eq!(
+        SimControl::connect(s.dir()).unwrap().list().unwrap().len(),
+        1
+    );
+}

@@ -566,10 +566,17 @@ impl Host {
 
     /// Which domain the process at the other end of `conn` belongs to.
     fn identify(&self, conn: &OwnedFd) -> Result<Peer, String> {
-        let pid = peer::peer_pid(conn).ok_or_else(|| {
+        let (pid, uid) = peer::peer_cred(conn).ok_or_else(|| {
             "the kernel gives no pid for the connecting process (another pid namespace?)"
                 .to_string()
         })?;
+        let me = rustix::process::geteuid().as_raw();
+        if uid != me && uid != 0 {
+            return Err(format!(
+                "process {pid} runs as uid {uid}; this simulated host serves only its own user \
+                 (uid {me}) and root"
+            ));
+        }
         self.identify_pid(pid)
     }
 

@@ -9,12 +9,13 @@ use std::os::fd::AsFd;
 /// this only bounds the work).
 const MAX_DEPTH: usize = 4096;
 
-/// The pid of the process that connected `conn` (`SO_PEERCRED`, recorded by the kernel at
-/// `connect`), or `None` if the kernel could not give one (a peer in a pid namespace this
-/// process cannot see reads as pid 0).
-pub fn peer_pid(conn: impl AsFd) -> Option<u32> {
+/// The pid and uid of the process that connected `conn` (`SO_PEERCRED`, recorded by the
+/// kernel at `connect`), or `None` if the kernel could not give them (a peer in a pid
+/// namespace this process cannot see reads as pid 0).
+pub fn peer_cred(conn: impl AsFd) -> Option<(u32, u32)> {
     let cred = rustix::net::sockopt::socket_peercred(conn).ok()?;
-    u32::try_from(cred.pid.as_raw_nonzero().get()).ok()
+    let pid = u32::try_from(cred.pid.as_raw_nonzero().get()).ok()?;
+    Some((pid, cred.uid.as_raw()))
 }
 
 /// The parent of `pid` (field 4 of `/proc/<pid>/stat`), or `None` if `pid` is gone.
