@@ -21,7 +21,8 @@ pub fn hypercall_socket(dir: &Path, domid: u16) -> PathBuf {
     domain_dir(dir, domid).join("hypercall.sock")
 }
 
-/// A domain's XenStore socket: connecting to it makes you that domain (`XENSTORED_PATH`).
+/// A domain's XenStore socket (`XENSTORED_PATH`): the host serves a process on it as that domain
+/// if the process may act as it (docs/platform.md, "Trust model").
 pub fn xenstore_socket(dir: &Path, domid: u16) -> PathBuf {
     domain_dir(dir, domid).join("xenstored.sock")
 }
