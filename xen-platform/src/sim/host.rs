@@ -151,9 +151,23 @@ struct Domain {
     conns: HashMap<u64, OwnedFd>,
     /// Adopted processes, by the control connection that adopted them: they and their
     /// descendants are this domain's.
-    procs: HashMap<u64, u32>,
+    procs: HashMap<u64, Adopted>,
     listener: OwnedFd,
     xs_listener: OwnedFd,
+}
+
+/// An adopted process: its pid and start time, so a reused pid is not taken for it.
+#[derive(Clone, Copy)]
+struct Adopted {
+    pid: u32,
+    started: u64,
+}
+
+impl Adopted {
+    /// Whether the adopted process still runs (the pid was not reused by another).
+    fn lives(&self) -> bool {
+        peer::start_time(self.pid) == Some(self.started)
+    }
 }
 
 /// Which socket a connection came in on.
@@ -449,7 +463,12 @@ impl Host {
             return Err(fail(ESRCH, format!("no domain {domid}")));
         };
         // Kill first, so nothing in the domain runs on while its resources go away.
-        let roots: Vec<u32> = dom.procs.values().copied().collect();
+        let roots: Vec<u32> = dom
+            .procs
+            .values()
+            .filter(|a| a.lives())
+            .map(|a| a.pid)
+            .collect();
         kill_domain_processes(&roots);
         sock::shutdown(&dom.listener);
         sock::shutdown(&dom.xs_listener);
@@ -607,11 +626,16 @@ impl Host {
     /// Adopted processes of the guest domains (dom0's adoptions do not confine: dom0 is the
     /// host's user).
     fn adopted(&self) -> HashMap<u32, u16> {
-        self.lock()
+        let all: Vec<(Adopted, u16)> = self
+            .lock()
             .domains
             .iter()
             .filter(|(&domid, _)| domid != 0)
-            .flat_map(|(&domid, d)| d.procs.values().map(move |&pid| (pid, domid)))
+            .flat_map(|(&domid, d)| d.procs.values().map(move |&a| (a, domid)))
+            .collect();
+        all.into_iter()
+            .filter(|(a, _)| a.lives())
+            .map(|(a, domid)| (a.pid, domid))
             .collect()
     }
 
@@ -658,10 +682,13 @@ impl Host {
 
     /// May `caller` (a host process) put `pid` into domain `domid`? Only its own child or
     /// descendant, not the host or its ancestors, and not a process already in another domain.
-    fn check_adopt(&self, caller: u32, domid: u16, pid: u32) -> Result<(), Failure> {
+    /// Returns the process's start time.
+    fn check_adopt(&self, caller: u32, domid: u16, pid: u32) -> Result<u64, Failure> {
         if pid == 0 || pid > i32::MAX as u32 {
             return Err(fail(EINVAL, format!("bad pid {pid}")));
         }
+        let started =
+            peer::start_time(pid).ok_or_else(|| fail(ESRCH, format!("no process {pid}")))?;
         let chain = peer::ancestry(pid).map_err(|_| fail(ESRCH, format!("no process {pid}")))?;
         if !chain[1..].contains(&caller) {
             return Err(fail(
@@ -684,7 +711,7 @@ impl Host {
                 EPERM,
                 format!("process {pid} already belongs to domain {d}"),
             )),
-            Ok(_) => Ok(()),
+            Ok(_) => Ok(started),
             Err(why) => Err(fail(ESRCH, why)),
         }
     }
@@ -777,11 +804,11 @@ impl Host {
                     } else if !self.lock().domains.contains_key(&domid) {
                         Err(fail(ESRCH, format!("no domain {domid}")))
                     } else {
-                        self.check_adopt(*caller, domid, pid).and_then(|()| {
+                        self.check_adopt(*caller, domid, pid).and_then(|started| {
                             match self.lock().domains.get_mut(&domid) {
                                 None => Err(fail(ESRCH, format!("no domain {domid}"))),
                                 Some(d) => {
-                                    d.procs.insert(conn_id, pid);
+                                    d.procs.insert(conn_id, Adopted { pid, started });
                                     adopted = Some(domid);
                                     Ok(ControlReply::Done)
                                 }

@@ -24,13 +24,23 @@ pub fn parent(pid: u32) -> Option<u32> {
     parse_ppid(&stat)
 }
 
+/// When `pid` started (field 22 of `/proc/<pid>/stat`, clock ticks since boot), or `None` if
+/// it is gone: a pid plus its start time names one process, even after the pid is reused.
+pub fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_field(&stat, 22)?.parse().ok()
+}
+
 /// `pid (comm) state ppid ...`; `comm` may hold spaces and parentheses, so split after the
 /// last `)`.
 fn parse_ppid(stat: &str) -> Option<u32> {
+    stat_field(stat, 4)?.parse().ok()
+}
+
+/// Field `n` (1-based, as in proc(5)) of a `/proc/<pid>/stat` line; `n` ≥ 3.
+fn stat_field(stat: &str, n: usize) -> Option<&str> {
     let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_ascii_whitespace();
-    let _state = fields.next()?;
-    fields.next()?.parse().ok()
+    rest.split_ascii_whitespace().nth(n.checked_sub(3)?)
 }
 
 /// `pid` and its ancestors, nearest first, up to (not including) pid 0. `Err` names the
@@ -96,6 +106,16 @@ mod tests {
         assert_eq!(parse_ppid("42 (sh) R 1 0"), Some(1));
         assert_eq!(parse_ppid("42 (sh"), None);
         assert_eq!(parse_ppid("42 (sh) S x"), None);
+        let stat = "42 (a) b) S 7 42 42 0 -1 4194560 1 2 3 4 5 6 7 8 20 0 1 0 98765 1 2";
+        assert_eq!(stat_field(stat, 22), Some("98765"));
+    }
+
+    #[test]
+    fn a_process_keeps_its_start_time() {
+        let me = std::process::id();
+        assert!(start_time(me).is_some());
+        assert_eq!(start_time(me), start_time(me));
+        assert_eq!(start_time(u32::MAX), None);
     }
 
     #[test]
