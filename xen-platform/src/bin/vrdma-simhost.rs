@@ -8,7 +8,7 @@ use std::process::{Command, ExitCode};
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use xen_platform::sim::{sock, SimControl, SimHost, SimHostConfig, DEFAULT_MAX_GRANTS};
+use xen_platform::sim::{peer, sock, SimControl, SimHost, SimHostConfig, DEFAULT_MAX_GRANTS};
 use xen_platform::{DomId, ENV_SIM_DIR, ENV_SIM_DOMID};
 
 #[derive(Parser)]
@@ -46,7 +46,7 @@ enum Cmd {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
-    /// (internal) Wait for the host to adopt this process, then exec the command.
+    /// (internal) Wait for the host to adopt this process, then run the command as its child.
     #[command(name = "__gate", hide = true)]
     Gate {
         /// The gate pipe's read end.
@@ -151,8 +151,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
 
 /// Start `command` in its own process group, held at a gate until the host has adopted it into
 /// the domain (so a destroy cannot miss it), then wait for it and exit as it did. The gate is
-/// this program re-executed (`__gate`): it waits on a pipe, then execs the command, so the
-/// adopted pid is the command's pid.
+/// this program re-executed (`__gate`): it is the adopted process, waits on a pipe, then runs the
+/// command as its child (see [`gate`]).
 fn run_in_domain(dir: &std::path::Path, id: u16, command: &[String]) -> Result<ExitCode> {
     let dir = std::path::absolute(dir)?;
     let ctl = SimControl::connect(&dir)?;
@@ -209,6 +209,56 @@ fn gate(fd: i32, command: &[String]) -> Result<ExitCode> {
         }
     }
     drop(fd);
-    let err = Command::new(&command[0]).args(&command[1..]).exec();
-    Err(err).with_context(|| format!("exec {:?}", command[0]))
+    // Orphans of the domain are re-parented here rather than to init, so they stay descendants
+    // of the adopted process — the host's test of which domain a process is in.
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
+        .context("becoming the domain's child subreaper")?;
+    let child = Command::new(&command[0])
+        .args(&command[1..])
+        .spawn()
+        .with_context(|| format!("starting {:?}", command[0]))?;
+    let child = rustix::process::Pid::from_child(&child);
+    // Reap orphans as they die, until the command itself exits.
+    let status = loop {
+        match rustix::process::wait(rustix::process::WaitOptions::empty()) {
+            Ok(Some((pid, st))) if pid == child => break st,
+            Ok(_) | Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => bail!("waiting for the command: {e}"),
+        }
+    };
+    // The domain's processes live no longer than its command: none is left to outlive this
+    // gate and so leave the domain.
+    kill_descendants();
+    Ok(match (status.exit_status(), status.terminating_signal()) {
+        (Some(c), _) => ExitCode::from(c as u8),
+        (None, Some(sig)) => {
+            eprintln!("vrdma-simhost: command killed by signal {sig}");
+            ExitCode::from(128u8.wrapping_add(sig as u8))
+        }
+        _ => ExitCode::from(1),
+    })
+}
+
+/// SIGKILL every descendant of this process and reap them (as a subreaper, the orphans of
+/// killed ones come back here, so repeat until none is left).
+fn kill_descendants() {
+    use rustix::process::{kill_process, wait, Pid, Signal, WaitOptions};
+    let me = std::process::id();
+    for _ in 0..1000 {
+        let left: Vec<u32> = peer::descendants(&peer::process_tree(), &[me])
+            .into_iter()
+            .filter(|&p| p != me)
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        for p in left {
+            if let Some(pid) = Pid::from_raw(p as i32) {
+                let _ = kill_process(pid, Signal::KILL);
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        // `wait`, not `waitpid(None)`: orphans in other process groups are ours to reap too.
+        while let Ok(Some(_)) = wait(WaitOptions::NOHANG) {}
+    }
 }

@@ -2,6 +2,12 @@
 //! on one machine, one hypercall socket per domain (the socket a process connects to is its
 //! identity), plus a control socket for creating and destroying domains.
 //!
+//! Who may use which socket: a process adopted into a guest domain, and every descendant of it,
+//! is that domain's (the host learns the connecting pid with `SO_PEERCRED` and walks its
+//! ancestry in `/proc`). Such a process may use only its own domain's sockets, and never the
+//! control socket; every other process is the host's user (dom0, the toolstack, tests) and may
+//! use any socket. See docs/platform.md, "Trust model".
+//!
 //! Design: one thread per listening socket and per connection (a simulator serves tens of
 //! processes, and blocking code is simple to audit). All state sits behind one mutex. Every
 //! resource belongs to the connection that made it, so a process that dies — its socket closes —
@@ -18,6 +24,7 @@ use std::thread;
 
 use rustix::fs::{MemfdFlags, Mode, OFlags, SealFlags};
 
+use super::peer;
 use super::proto::{self, Control, ControlReply, DomainInfo, Failure, Reply, Request, Segment};
 use super::sock;
 use super::wire::{self, Received, MAX_FDS};
@@ -59,6 +66,12 @@ pub(crate) trait DomainHooks: Send + Sync {
     fn created(&self, dir: &Path, domid: DomId, name: &str) -> std::result::Result<(), String>;
     /// A domain was destroyed (its processes are already killed).
     fn destroyed(&self, dir: &Path, domid: DomId);
+    /// Serve an admitted connection to `domid`'s XenStore socket as that domain.
+    fn serve_xenstore(
+        &self,
+        domid: DomId,
+        stream: std::os::unix::net::UnixStream,
+    ) -> std::result::Result<(), String>;
 }
 
 /// A running simulated host (in this process). Dropping it stops it.
@@ -74,7 +87,8 @@ struct Host {
     ids: AtomicU64,
     stopping: AtomicBool,
     control_listener: OwnedFd,
-    control_conns: Mutex<HashMap<u64, OwnedFd>>,
+    /// Control connections and refused domain connections: shut down when the host stops.
+    side_conns: Mutex<HashMap<u64, OwnedFd>>,
     hooks: Arc<dyn DomainHooks>,
 }
 
@@ -135,8 +149,43 @@ struct Domain {
     maps: HashMap<u64, MapEntry>,
     ports: BTreeMap<u32, Port>,
     conns: HashMap<u64, OwnedFd>,
-    procs: HashMap<u64, u32>,
+    /// Adopted processes, by the control connection that adopted them: they and their
+    /// descendants are this domain's.
+    procs: HashMap<u64, Adopted>,
     listener: OwnedFd,
+    xs_listener: OwnedFd,
+}
+
+/// An adopted process: its pid and start time, so a reused pid is not taken for it.
+#[derive(Clone, Copy)]
+struct Adopted {
+    pid: u32,
+    started: u64,
+}
+
+impl Adopted {
+    /// Whether the adopted process still runs (the pid was not reused by another).
+    fn lives(&self) -> bool {
+        peer::start_time(self.pid) == Some(self.started)
+    }
+}
+
+/// Which socket a connection came in on.
+enum Listening {
+    Control,
+    Hypercall(u16, OwnedFd),
+    XenStore(u16, OwnedFd),
+}
+
+/// Who connected, as far as the simulator's domains go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Peer {
+    /// Not in any guest domain: the host's user (dom0, the toolstack, tests), trusted with
+    /// every socket.
+    Host { pid: u32 },
+    /// A process of guest domain `domid`: it, or its nearest adopted ancestor, was adopted into
+    /// the domain.
+    Guest { pid: u32, domid: u16 },
 }
 
 /// Xen reserves the first grant references (`GNTTAB_NR_RESERVED_ENTRIES`).
@@ -201,7 +250,7 @@ impl SimHost {
             ids: AtomicU64::new(1),
             stopping: AtomicBool::new(false),
             control_listener,
-            control_conns: Mutex::new(HashMap::new()),
+            side_conns: Mutex::new(HashMap::new()),
             hooks,
         });
         host.create_domain(0, "Domain-0", config.default_max_grants)
@@ -209,7 +258,7 @@ impl SimHost {
         let h = Arc::clone(&host);
         thread::Builder::new()
             .name("simhost-control".into())
-            .spawn(move || h.accept_loop(None))
+            .spawn(move || h.accept_loop(Listening::Control))
             .map_err(|e| Error::os("spawn control thread", e))?;
         tracing::info!("simulated Xen host serving {}", host.dir.display());
         Ok(SimHost { host, xenstore })
@@ -274,7 +323,7 @@ impl Host {
         }
         sock::shutdown(&self.control_listener);
         for c in self
-            .control_conns
+            .side_conns
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .values()
@@ -339,12 +388,17 @@ impl Host {
         let listener = sock::listen(&path)
             .map_err(|e| fail(EINVAL, format!("listen on {}: {e}", path.display())))?;
         let keep = sock::dup(&listener).map_err(|e| fail(EINVAL, format!("dup: {e}")))?;
+        let xs_path = sock::xenstore_socket(&self.dir, domid);
+        let xs_listener = sock::listen_stream(&xs_path)
+            .map_err(|e| fail(EINVAL, format!("listen on {}: {e}", xs_path.display())))?;
+        let xs_keep = sock::dup(&xs_listener).map_err(|e| fail(EINVAL, format!("dup: {e}")))?;
         {
             let mut st = self.lock();
             if st.domains.contains_key(&domid) || st.domains.values().any(|d| d.name == name) {
                 // Lost a race with another create of the same name or id.
                 drop(st);
                 let _ = std::fs::remove_file(&path);
+                let _ = std::fs::remove_file(&xs_path);
                 let _ = std::fs::remove_dir(&ddir);
                 return Err(fail(
                     EEXIST,
@@ -364,6 +418,7 @@ impl Host {
                     conns: HashMap::new(),
                     procs: HashMap::new(),
                     listener: keep,
+                    xs_listener: xs_keep,
                 },
             );
             st.next_domid = st.next_domid.max(domid.saturating_add(1));
@@ -372,11 +427,22 @@ impl Host {
             let _ = self.destroy_inner(domid, true);
             return Err(fail(EINVAL, format!("domain {domid}: {e}")));
         }
-        let h = Arc::clone(self);
-        thread::Builder::new()
-            .name(format!("simhost-dom{domid}"))
-            .spawn(move || h.accept_loop(Some((domid, listener))))
-            .map_err(|e| fail(EINVAL, format!("spawn: {e}")))?;
+        for (name, listening) in [
+            (
+                format!("simhost-dom{domid}"),
+                Listening::Hypercall(domid, listener),
+            ),
+            (
+                format!("simhost-xs{domid}"),
+                Listening::XenStore(domid, xs_listener),
+            ),
+        ] {
+            let h = Arc::clone(self);
+            thread::Builder::new()
+                .name(name)
+                .spawn(move || h.accept_loop(listening))
+                .map_err(|e| fail(EINVAL, format!("spawn: {e}")))?;
+        }
         tracing::info!("domain {domid} ({name}) created, max {max_grants} grants");
         Ok(())
     }
@@ -397,15 +463,15 @@ impl Host {
             return Err(fail(ESRCH, format!("no domain {domid}")));
         };
         // Kill first, so nothing in the domain runs on while its resources go away.
-        for &pgid in dom.procs.values() {
-            if let Some(pid) = rustix::process::Pid::from_raw(pgid as i32) {
-                match rustix::process::kill_process_group(pid, rustix::process::Signal::KILL) {
-                    Ok(()) | Err(rustix::io::Errno::SRCH) => {}
-                    Err(e) => tracing::warn!("kill process group {pgid}: {e}"),
-                }
-            }
-        }
+        let roots: Vec<u32> = dom
+            .procs
+            .values()
+            .filter(|a| a.lives())
+            .map(|a| a.pid)
+            .collect();
+        kill_domain_processes(&roots);
         sock::shutdown(&dom.listener);
+        sock::shutdown(&dom.xs_listener);
         for c in dom.conns.values() {
             sock::shutdown(c);
         }
@@ -446,18 +512,18 @@ impl Host {
 
     // ---- sockets ----
 
-    /// Accept connections: on the control socket (`dom` None) or a domain's hypercall socket.
-    fn accept_loop(self: Arc<Self>, dom: Option<(u16, OwnedFd)>) {
-        let listener = match &dom {
-            Some((_, l)) => l.as_fd(),
-            None => self.control_listener.as_fd(),
+    /// Accept connections on the control socket or a domain's hypercall or XenStore socket.
+    fn accept_loop(self: Arc<Self>, on: Listening) {
+        let listener = match &on {
+            Listening::Control => self.control_listener.as_fd(),
+            Listening::Hypercall(_, l) | Listening::XenStore(_, l) => l.as_fd(),
         };
         loop {
             let conn = match sock::accept(listener) {
                 Ok(c) => c,
                 Err(e) => {
                     if !self.stopping.load(Ordering::SeqCst) {
-                        tracing::debug!("accept loop of {:?} ends: {e}", dom.as_ref().map(|d| d.0));
+                        tracing::debug!("an accept loop ends: {e}");
                     }
                     return;
                 }
@@ -467,9 +533,16 @@ impl Host {
             }
             let id = self.next_id();
             let h = Arc::clone(&self);
-            let spawned = match &dom {
-                Some((domid, _)) => {
+            let spawned = match &on {
+                Listening::Control => thread::Builder::new()
+                    .name(format!("simhost-ctl-c{id}"))
+                    .spawn(move || h.serve_control(id, conn)),
+                Listening::Hypercall(domid, _) => {
                     let domid = *domid;
+                    if let Err(why) = self.admit(&conn, domid, "hypercall") {
+                        self.refuse(id, conn, why, Refusal::Hypercall);
+                        continue;
+                    }
                     let keep = match sock::dup(&conn) {
                         Ok(k) => k,
                         Err(e) => {
@@ -487,13 +560,159 @@ impl Host {
                         .name(format!("simhost-d{domid}-c{id}"))
                         .spawn(move || h.serve_hypercalls(domid, id, conn))
                 }
-                None => thread::Builder::new()
-                    .name(format!("simhost-ctl-c{id}"))
-                    .spawn(move || h.serve_control(id, conn)),
+                Listening::XenStore(domid, _) => {
+                    let domid = *domid;
+                    if let Err(why) = self.admit(&conn, domid, "XenStore") {
+                        self.refuse(id, conn, why, Refusal::XenStore);
+                        continue;
+                    }
+                    if let Err(e) = self
+                        .hooks
+                        .serve_xenstore(DomId(domid), std::os::unix::net::UnixStream::from(conn))
+                    {
+                        tracing::warn!("XenStore connection to domain {domid}: {e}");
+                    }
+                    continue;
+                }
             };
             if let Err(e) = spawned {
                 tracing::warn!("cannot spawn a connection thread: {e}");
             }
+        }
+    }
+
+    // ---- who is connecting ----
+
+    /// Which domain the process at the other end of `conn` belongs to.
+    fn identify(&self, conn: &OwnedFd) -> Result<Peer, String> {
+        let (pid, uid) = peer::peer_cred(conn).ok_or_else(|| {
+            "the kernel gives no pid for the connecting process (another pid namespace?)"
+                .to_string()
+        })?;
+        let me = rustix::process::geteuid().as_raw();
+        if uid != me && uid != 0 {
+            return Err(format!(
+                "process {pid} runs as uid {uid}; this simulated host serves only its own user \
+                 (uid {me}) and root"
+            ));
+        }
+        self.identify_pid(pid)
+    }
+
+    fn identify_pid(&self, pid: u32) -> Result<Peer, String> {
+        if pid == std::process::id() {
+            return Ok(Peer::Host { pid });
+        }
+        let roots = self.adopted();
+        // An ancestor that exits while we walk reparents the chain: walk again.
+        let mut last = 0;
+        for _ in 0..3 {
+            match peer::ancestry(pid) {
+                Ok(chain) => {
+                    return Ok(chain
+                        .iter()
+                        .find_map(|p| roots.get(p).map(|&domid| Peer::Guest { pid, domid }))
+                        .unwrap_or(Peer::Host { pid }))
+                }
+                Err(p) => last = p,
+            }
+        }
+        Err(format!(
+            "cannot tell which domain process {pid} is in (process {last} exited while the host \
+             walked its ancestry)"
+        ))
+    }
+
+    /// Adopted processes of the guest domains (dom0's adoptions do not confine: dom0 is the
+    /// host's user).
+    fn adopted(&self) -> HashMap<u32, u16> {
+        let all: Vec<(Adopted, u16)> = self
+            .lock()
+            .domains
+            .iter()
+            .filter(|(&domid, _)| domid != 0)
+            .flat_map(|(&domid, d)| d.procs.values().map(move |&a| (a, domid)))
+            .collect();
+        all.into_iter()
+            .filter(|(a, _)| a.lives())
+            .map(|(a, domid)| (a.pid, domid))
+            .collect()
+    }
+
+    /// May the process at the other end of `conn` use domain `domid`'s `what` socket?
+    fn admit(&self, conn: &OwnedFd, domid: u16, what: &str) -> Result<(), String> {
+        match self.identify(conn) {
+            Ok(Peer::Host { .. }) => Ok(()),
+            Ok(Peer::Guest { domid: d, .. }) if d == domid => Ok(()),
+            Ok(Peer::Guest { pid, domid: d }) => Err(format!(
+                "process {pid} belongs to domain {d}: it may not use domain {domid}'s {what} \
+                 socket"
+            )),
+            Err(why) => Err(format!("{why}: refused on domain {domid}'s {what} socket")),
+        }
+    }
+
+    /// Keep a refused connection open only to answer each of its requests with `EPERM` and
+    /// the reason (XenStore: `EACCES`, all its protocol can say), so the process sees why.
+    fn refuse(self: &Arc<Self>, id: u64, conn: OwnedFd, why: String, kind: Refusal) {
+        tracing::warn!("{why}");
+        if let Ok(keep) = sock::dup(&conn) {
+            self.side_conns
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(id, keep);
+        }
+        let h = Arc::clone(self);
+        let spawned = thread::Builder::new()
+            .name(format!("simhost-refused-c{id}"))
+            .spawn(move || {
+                match kind {
+                    Refusal::Hypercall => refuse_hypercalls(&conn, &why),
+                    Refusal::XenStore => refuse_xenstore(&conn),
+                }
+                h.side_conns
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&id);
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("cannot spawn a connection thread: {e}");
+        }
+    }
+
+    /// May `caller` (a host process) put `pid` into domain `domid`? Only its own child or
+    /// descendant, not the host or its ancestors, and not a process already in another domain.
+    /// Returns the process's start time.
+    fn check_adopt(&self, caller: u32, domid: u16, pid: u32) -> Result<u64, Failure> {
+        if pid == 0 || pid > i32::MAX as u32 {
+            return Err(fail(EINVAL, format!("bad pid {pid}")));
+        }
+        let started =
+            peer::start_time(pid).ok_or_else(|| fail(ESRCH, format!("no process {pid}")))?;
+        let chain = peer::ancestry(pid).map_err(|_| fail(ESRCH, format!("no process {pid}")))?;
+        if !chain[1..].contains(&caller) {
+            return Err(fail(
+                EPERM,
+                format!(
+                    "process {pid} is not a child or descendant of the adopting process \
+                     {caller}: only a process's own children can be put into a domain"
+                ),
+            ));
+        }
+        let host = peer::ancestry(std::process::id()).unwrap_or_default();
+        if host.contains(&pid) {
+            return Err(fail(
+                EPERM,
+                format!("process {pid} runs the simulated host (or is its ancestor)"),
+            ));
+        }
+        match self.identify_pid(pid) {
+            Ok(Peer::Guest { domid: d, .. }) if d != domid => Err(fail(
+                EPERM,
+                format!("process {pid} already belongs to domain {d}"),
+            )),
+            Ok(_) => Ok(started),
+            Err(why) => Err(fail(ESRCH, why)),
         }
     }
 
@@ -527,28 +746,46 @@ impl Host {
 
     fn serve_control(self: Arc<Self>, conn_id: u64, conn: OwnedFd) {
         if let Ok(keep) = sock::dup(&conn) {
-            self.control_conns
+            self.side_conns
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(conn_id, keep);
         }
-        self.serve_control_conn(conn_id, &conn);
-        self.control_conns
+        // A guest's process gets the reason, for every request.
+        let caller = match self.identify(&conn) {
+            Ok(Peer::Host { pid }) => Ok(pid),
+            Ok(Peer::Guest { pid, domid }) => Err(format!(
+                "process {pid} belongs to domain {domid}: a domain cannot use the host's \
+                 control socket"
+            )),
+            Err(why) => Err(format!("{why}: refused on the control socket")),
+        };
+        if let Err(why) = &caller {
+            tracing::warn!("{why}");
+        }
+        self.serve_control_conn(conn_id, &conn, caller);
+        self.side_conns
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&conn_id);
     }
 
-    fn serve_control_conn(self: &Arc<Self>, conn_id: u64, conn: &OwnedFd) {
+    fn serve_control_conn(
+        self: &Arc<Self>,
+        conn_id: u64,
+        conn: &OwnedFd,
+        caller: Result<u32, String>,
+    ) {
         let mut adopted: Option<u16> = None;
         loop {
             let msg = match wire::recv(conn) {
                 Ok(Received::Message(m, _)) => m,
                 Ok(Received::Closed) | Err(_) => break,
             };
-            let answer = match Control::parse(&msg) {
-                Err(e) => Err(fail(EINVAL, e.to_string())),
-                Ok(Control::Create { name, max_grants }) => {
+            let answer = match (Control::parse(&msg), &caller) {
+                (Err(e), _) => Err(fail(EINVAL, e.to_string())),
+                (Ok(_), Err(why)) => Err(fail(EPERM, why.clone())),
+                (Ok(Control::Create { name, max_grants }), Ok(_)) => {
                     let max = if max_grants == 0 {
                         self.default_max_grants
                     } else {
@@ -557,23 +794,26 @@ impl Host {
                     self.create(&name, max)
                         .map(|domid| ControlReply::Created { domid })
                 }
-                Ok(Control::Destroy { domid }) => self.destroy(domid).map(|()| ControlReply::Done),
-                Ok(Control::List) => Ok(ControlReply::Domains(self.list())),
-                Ok(Control::Adopt { domid, pid }) => {
-                    let mut st = self.lock();
-                    match st.domains.get_mut(&domid) {
-                        None => Err(fail(ESRCH, format!("no domain {domid}"))),
-                        Some(_) if adopted.is_some() => {
-                            Err(fail(EINVAL, "this connection already adopted a process"))
-                        }
-                        Some(_) if pid == 0 || pid > i32::MAX as u32 => {
-                            Err(fail(EINVAL, format!("bad pid {pid}")))
-                        }
-                        Some(d) => {
-                            d.procs.insert(conn_id, pid);
-                            adopted = Some(domid);
-                            Ok(ControlReply::Done)
-                        }
+                (Ok(Control::Destroy { domid }), Ok(_)) => {
+                    self.destroy(domid).map(|()| ControlReply::Done)
+                }
+                (Ok(Control::List), Ok(_)) => Ok(ControlReply::Domains(self.list())),
+                (Ok(Control::Adopt { domid, pid }), Ok(caller)) => {
+                    if adopted.is_some() {
+                        Err(fail(EINVAL, "this connection already adopted a process"))
+                    } else if !self.lock().domains.contains_key(&domid) {
+                        Err(fail(ESRCH, format!("no domain {domid}")))
+                    } else {
+                        self.check_adopt(*caller, domid, pid).and_then(|started| {
+                            match self.lock().domains.get_mut(&domid) {
+                                None => Err(fail(ESRCH, format!("no domain {domid}"))),
+                                Some(d) => {
+                                    d.procs.insert(conn_id, Adopted { pid, started });
+                                    adopted = Some(domid);
+                                    Ok(ControlReply::Done)
+                                }
+                            }
+                        })
                     }
                 }
             };
@@ -698,6 +938,93 @@ fn send_answer(
         tracing::debug!("hypercall refused: {} ({})", f.message, f.errno);
     }
     wire::send(conn, &proto::emit_answer(a), fds)
+}
+
+#[derive(Clone, Copy)]
+enum Refusal {
+    Hypercall,
+    XenStore,
+}
+
+/// Answer every hypercall on `conn` with `EPERM` and `why`, until it closes.
+fn refuse_hypercalls(conn: &OwnedFd, why: &str) {
+    loop {
+        match wire::recv(conn) {
+            Ok(Received::Message(..)) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {}
+            Ok(Received::Closed) | Err(_) => return,
+        }
+        if send_answer(conn, &Err(fail(EPERM, why)), &[]).is_err() {
+            return;
+        }
+    }
+}
+
+/// Answer every XenStore request on `conn` with `EACCES`, until it closes or sends garbage.
+fn refuse_xenstore(conn: &OwnedFd) {
+    use xenstore_proto::wire::{encode_frame, FrameDecoder, MsgType, Packet};
+    let mut frames = FrameDecoder::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match rustix::io::read(conn, &mut buf) {
+            Ok(0) => return,
+            Ok(n) => frames.push(&buf[..n]),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => return,
+        }
+        while let Ok(Some(frame)) = frames.next_frame() {
+            let p = Packet::new_unchecked(&frame[..]);
+            let Ok(reply) = encode_frame(MsgType::Error, p.req_id(), p.tx_id(), b"EACCES\0") else {
+                return;
+            };
+            if rustix::io::write(conn, &reply).is_err() {
+                return;
+            }
+        }
+        if frames.next_frame().is_err() {
+            return;
+        }
+    }
+}
+
+/// Kill the processes of a domain: the adopted `roots`, their descendants (stopped first, so
+/// none forks away while the host looks), and the roots' process groups.
+fn kill_domain_processes(roots: &[u32]) {
+    use rustix::process::{kill_process, kill_process_group, Pid, Signal};
+    if roots.is_empty() {
+        return;
+    }
+    let me = std::process::id();
+    let mut seen: Vec<u32> = Vec::new();
+    for _ in 0..16 {
+        let tree = peer::process_tree();
+        let fresh: Vec<u32> = peer::descendants(&tree, roots)
+            .into_iter()
+            .filter(|p| *p != me && !seen.contains(p))
+            .collect();
+        if fresh.is_empty() {
+            break;
+        }
+        for &p in &fresh {
+            if let Some(pid) = Pid::from_raw(p as i32) {
+                let _ = kill_process(pid, Signal::STOP);
+            }
+        }
+        seen.extend(fresh);
+    }
+    for &p in &seen {
+        if let Some(pid) = Pid::from_raw(p as i32) {
+            let _ = kill_process(pid, Signal::KILL);
+        }
+    }
+    for &pgid in roots {
+        if let Some(pid) = Pid::from_raw(pgid as i32) {
+            match kill_process_group(pid, Signal::KILL) {
+                Ok(()) | Err(rustix::io::Errno::SRCH) => {}
+                Err(e) => tracing::warn!("kill process group {pgid}: {e}"),
+            }
+        }
+    }
 }
 
 fn owned_alloc(st: &State, domid: u16, conn: u64, handle: u64) -> Result<(), Failure> {

@@ -7,6 +7,7 @@ pub mod wire;
 pub mod xenstore;
 
 pub(crate) mod client;
+pub mod peer;
 
 pub use client::SimControl;
 pub use host::{SimHost, SimHostConfig, DEFAULT_MAX_GRANTS};

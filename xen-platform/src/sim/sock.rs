@@ -21,7 +21,8 @@ pub fn hypercall_socket(dir: &Path, domid: u16) -> PathBuf {
     domain_dir(dir, domid).join("hypercall.sock")
 }
 
-/// A domain's XenStore socket: connecting to it makes you that domain (`XENSTORED_PATH`).
+/// A domain's XenStore socket (`XENSTORED_PATH`): the host serves a process on it as that domain
+/// if the process may act as it (docs/platform.md, "Trust model").
 pub fn xenstore_socket(dir: &Path, domid: u16) -> PathBuf {
     domain_dir(dir, domid).join("xenstored.sock")
 }
@@ -40,16 +41,20 @@ fn addr(path: &Path) -> io::Result<SocketAddrUnix> {
 
 /// Bind and listen on `path` (replacing a stale socket file).
 pub fn listen(path: &Path) -> io::Result<OwnedFd> {
+    listen_as(path, SocketType::SEQPACKET)
+}
+
+/// Bind and listen on `path` with a byte-stream socket (XenStore's transport).
+pub fn listen_stream(path: &Path) -> io::Result<OwnedFd> {
+    listen_as(path, SocketType::STREAM)
+}
+
+fn listen_as(path: &Path, kind: SocketType) -> io::Result<OwnedFd> {
     match std::fs::remove_file(path) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
         _ => {}
     }
-    let fd = rustix::net::socket_with(
-        AddressFamily::UNIX,
-        SocketType::SEQPACKET,
-        SocketFlags::CLOEXEC,
-        None,
-    )?;
+    let fd = rustix::net::socket_with(AddressFamily::UNIX, kind, SocketFlags::CLOEXEC, None)?;
     rustix::net::bind(&fd, &addr(path)?)?;
     rustix::net::listen(&fd, 128)?;
     Ok(fd)

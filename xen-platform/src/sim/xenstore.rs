@@ -1,24 +1,21 @@
 //! The simulated host's XenStore: xenstore-proto's embedded server, one socket per domain
-//! carrying that domain's identity (dom0's is privileged), with the nodes and permissions xl
-//! creates for a domain, `@introduceDomain` on create and `@releaseDomain` on destroy.
+//! carrying that domain's identity (dom0's is privileged; the host accepts on it and admits
+//! only that domain's processes), with the nodes and permissions xl creates for a domain,
+//! `@introduceDomain` on create and `@releaseDomain` on destroy.
 
-use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Mutex;
 
 use xenstore_proto::client::Client;
-use xenstore_proto::server::{Config, Listener, Server};
+use xenstore_proto::server::{Config, Server};
 use xenstore_proto::wire::{Perm, PermKind, Perms};
 
 use super::host::DomainHooks;
-use super::sock;
 use crate::error::{Error, Result};
 use crate::types::DomId;
 
 pub(crate) struct SimXenStore {
     server: Server,
     dom0: Client,
-    listeners: Mutex<HashMap<u16, Listener>>,
 }
 
 /// The `/vm/<uuid>` path of a simulated domain (a made-up, stable uuid).
@@ -35,11 +32,7 @@ impl SimXenStore {
             .map_err(|e| Error::SimHost(format!("XenStore server: {e}")))?;
         let dom0 = Client::from_unix_stream(stream)
             .map_err(|e| Error::SimHost(format!("XenStore dom0 client: {e}")))?;
-        Ok(SimXenStore {
-            server,
-            dom0,
-            listeners: Mutex::new(HashMap::new()),
-        })
+        Ok(SimXenStore { server, dom0 })
     }
 
     pub(crate) fn server(&self) -> &Server {
@@ -96,18 +89,8 @@ impl SimXenStore {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl DomainHooks for SimXenStore {
-    fn created(&self, dir: &Path, domid: DomId, name: &str) -> std::result::Result<(), String> {
-        let path = sock::xenstore_socket(dir, domid.0);
-        let listener = self
-            .server
-            .listen(&path, u32::from(domid.0))
-            .map_err(|e| format!("XenStore socket: {e}"))?;
-        lock(&self.listeners).insert(domid.0, listener);
+    fn created(&self, _dir: &Path, domid: DomId, name: &str) -> std::result::Result<(), String> {
         if domid == DomId::DOM0 {
             // What xen-init-dom0 writes.
             self.dom0
@@ -123,8 +106,17 @@ impl DomainHooks for SimXenStore {
             .map_err(|e| format!("XenStore introduce: {e}"))
     }
 
+    fn serve_xenstore(
+        &self,
+        domid: DomId,
+        stream: std::os::unix::net::UnixStream,
+    ) -> std::result::Result<(), String> {
+        self.server
+            .serve_stream(stream, u32::from(domid.0))
+            .map_err(|e| e.to_string())
+    }
+
     fn destroyed(&self, _dir: &Path, domid: DomId) {
-        lock(&self.listeners).remove(&domid.0);
         if domid == DomId::DOM0 {
             self.server.shutdown();
             return;

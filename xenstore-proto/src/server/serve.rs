@@ -328,6 +328,24 @@ impl Server {
         }
     }
 
+    /// Serves a stream the embedding code accepted (and vetted) itself, as `domid`.
+    pub fn serve_stream(
+        &self,
+        stream: std::os::unix::net::UnixStream,
+        domid: u32,
+    ) -> Result<(), ServerError> {
+        check_domid(domid)?;
+        if self.lock().down {
+            return Err(ServerError::Shutdown);
+        }
+        stream.set_nonblocking(true)?;
+        let stream = {
+            let _guard = self.inner.handle.enter();
+            tokio::net::UnixStream::from_std(stream)?
+        };
+        serve(&self.inner, stream, domid)
+    }
+
     /// Marks `domid` introduced and fires `@introduceDomain` (as `INTRODUCE` does).
     pub fn introduce_domain(&self, domid: u32) -> Result<(), ServerError> {
         check_domid(domid)?;
