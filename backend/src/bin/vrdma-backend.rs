@@ -86,7 +86,15 @@ fn run(cli: Cli, config: Config) -> Result<()> {
         }
     }
     // The host's real limits are known only now: refuse budgets that oversubscribe them.
-    let limits = config.host_budget(&origin, &host.platform.grant_limits())?;
+    let host_limits = host.platform.grant_limits();
+    if host_limits.grant_pages.is_none() {
+        tracing::warn!(
+            "cannot read the host's grant limit ({} absent: is xen_gntalloc loaded?); \
+             [host] granted-pages is not checked against it",
+            xen_platform::xen::GNTALLOC_LIMIT_KNOB
+        );
+    }
+    let limits = config.host_budget(&origin, &host_limits)?;
     tracing::info!(
         "page budgets: {} granted and {} mapped pages for the host, split among {} guests \
          ({} and {} per domain; per device also max-granted-pages {} and max-mr-pages {})",
