@@ -63,7 +63,9 @@ fn status_hint(s: Status) -> &'static str {
     match s {
         Status::QuotaExceeded => {
             " (a per-domain quota is exhausted: see max-qps, max-cqs, max-mrs, max-mr-pages, \
-             max-pds in the backend's device directory; the toolstack sets them)"
+             max-pds, max-granted-pages in the backend's device directory (the toolstack sets \
+             them), or this domain's share of the backend's [host] granted-pages / \
+             mapped-pages; the backend's log names which)"
         }
         Status::NoResources => " (the backend is out of memory or grant entries)",
         Status::DeviceLost => " (the device is going away)",

@@ -130,6 +130,23 @@ impl Platform {
         })
     }
 
+    /// The host limits on this domain's grants that can be read here (see
+    /// [`crate::xen::limits`]: gntalloc's `limit` on Xen, the domain's grant limit on the
+    /// simulated host).
+    pub fn grant_limits(&self) -> crate::xen::limits::GrantLimits {
+        let grant_pages = match &self.inner.backend {
+            Backend::Xen { .. } => crate::xen::limits::gntalloc_limit(),
+            Backend::Sim(c) => Some(crate::xen::limits::HostLimit {
+                value: u64::from(c.max_grants()),
+                knob: format!(
+                    "the simulated domain {}'s grant limit (`vrdma-simhost serve --max-grants`)",
+                    c.domid()
+                ),
+            }),
+        };
+        crate::xen::limits::GrantLimits { grant_pages }
+    }
+
     /// Allocate an unbound event-channel port that `remote` may bind to.
     pub fn alloc_unbound(&self, remote: DomId) -> Result<EventChannel> {
         Ok(EventChannel {

@@ -15,6 +15,7 @@ use vrdma_backend::control::ControlOpener;
 use vrdma_backend::daemon::host::{self, HostChoice};
 use vrdma_backend::daemon::{self, signals, Daemon};
 use vrdma_backend::device::{Device, SoftDevice};
+use vrdma_backend::resources::budget::{HostBudget, Pool};
 
 #[derive(Parser)]
 #[command(version, about = "vrdma backend daemon: RDMA for Xen guests")]
@@ -61,6 +62,11 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli, config: Config) -> Result<()> {
+    let origin = cli
+        .config
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "the configuration".into());
     let choice = match (cli.sim, cli.embedded) {
         (Some(dir), _) => HostChoice::Sim(dir),
         (None, Some(dir)) => HostChoice::Embedded(Some(dir)),
@@ -79,6 +85,28 @@ fn run(cli: Cli, config: Config) -> Result<()> {
             tracing::info!("{line}");
         }
     }
+    // The host's real limits are known only now: refuse budgets that oversubscribe them.
+    let host_limits = host.platform.grant_limits();
+    if host_limits.grant_pages.is_none() {
+        tracing::warn!(
+            "cannot read the host's grant limit ({} absent: is xen_gntalloc loaded?); \
+             [host] granted-pages is not checked against it",
+            xen_platform::xen::GNTALLOC_LIMIT_KNOB
+        );
+    }
+    let limits = config.host_budget(&origin, &host_limits)?;
+    tracing::info!(
+        "page budgets: {} granted and {} mapped pages for the host, split among {} guests \
+         ({} and {} per domain; per device also max-granted-pages {} and max-mr-pages {})",
+        limits.granted_pages,
+        limits.mapped_pages,
+        limits.guests,
+        limits.share(Pool::Granted),
+        limits.share(Pool::Mapped),
+        config.quotas.max_granted_pages,
+        config.quotas.max_mr_pages,
+    );
+    let budget = Arc::new(HostBudget::new(limits));
     let device: Arc<dyn Device> =
         Arc::new(SoftDevice::new(config.engine()).context("starting the software device engine")?);
     let info = daemon::device_info("soft-iwarp", &device.attrs());
@@ -91,7 +119,7 @@ fn run(cli: Cli, config: Config) -> Result<()> {
         info,
         config.quotas,
         daemon::device_stats_source(device.clone()),
-        move |faults| Box::new(ControlOpener::new(platform, dev, faults)),
+        move |faults| Box::new(ControlOpener::with_budget(platform, dev, faults, budget)),
     );
     signals::install(daemon.shutdown_handle()).context("installing signal handlers")?;
     let outcome = daemon.run();

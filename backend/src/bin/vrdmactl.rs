@@ -85,6 +85,9 @@ struct QuotaArgs {
     /// Protection domains.
     #[arg(long)]
     max_pds: Option<u32>,
+    /// 4 KiB pages the backend grants to the guest (doorbells, queues, CQs).
+    #[arg(long)]
+    max_granted_pages: Option<u32>,
 }
 
 impl QuotaArgs {
@@ -96,6 +99,7 @@ impl QuotaArgs {
             (Resource::MrPages, self.max_mr_pages),
             (Resource::Cqs, self.max_cqs),
             (Resource::Qps, self.max_qps),
+            (Resource::GrantedPages, self.max_granted_pages),
         ]
         .into_iter()
         .filter_map(|(r, v)| v.map(|v| (r, v)))

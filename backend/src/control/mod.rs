@@ -20,6 +20,7 @@ use xen_platform::{Access, DomId, EvtchnPort, GrantRef, Platform};
 use crate::daemon::FaultSink;
 use crate::device::platform::foreign_mapping_region;
 use crate::device::Device;
+use crate::resources::budget::HostBudget;
 use crate::xenbus::{ChannelLink, ChannelOpener, ChannelRequest};
 pub use channel::{alive, ALIVE_OFFSET, CLOSE_WAIT};
 use channel::{ChannelNotifier, ControlLink, Running, Shared};
@@ -30,14 +31,29 @@ pub struct ControlOpener {
     platform: Platform,
     device: Arc<dyn Device>,
     faults: FaultSink,
+    budget: Arc<HostBudget>,
 }
 
 impl ControlOpener {
+    /// An opener whose host page budgets are the defaults (`[host]` of docs/backend.md) on
+    /// this platform's limits.
     pub fn new(platform: Platform, device: Arc<dyn Device>, faults: FaultSink) -> ControlOpener {
+        let limits = crate::config::HostConfig::default().budget_or_unlimited(&platform);
+        ControlOpener::with_budget(platform, device, faults, Arc::new(HostBudget::new(limits)))
+    }
+
+    /// An opener charging every channel's pages to `budget` (one per daemon: it is host-wide).
+    pub fn with_budget(
+        platform: Platform,
+        device: Arc<dyn Device>,
+        faults: FaultSink,
+        budget: Arc<HostBudget>,
+    ) -> ControlOpener {
         ControlOpener {
             platform,
             device,
             faults,
+            budget,
         }
     }
 }
@@ -94,7 +110,8 @@ impl ChannelOpener for ControlOpener {
             req.account.clone(),
             req.mode,
             notifier,
-        );
+        )
+        .with_budget(self.budget.clone());
         let shared = Arc::new(Shared::new(waker));
         let running = Running {
             service,

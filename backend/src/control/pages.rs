@@ -62,14 +62,15 @@ pub fn map_guest_pages(
     foreign_mapping_region(mapping).map_err(|e| PagesError::BadGrant(e.to_string()))
 }
 
-/// Allocates `count` zeroed pages granted read-write to `domid`; returns their region and
-/// grant references.
+/// Allocates `count` zeroed pages granted to `domid` with `access` (the backend's own mapping
+/// is always read-write); returns their region and grant references.
 pub fn share(
     platform: &Platform,
     domid: DomId,
     count: usize,
+    access: Access,
 ) -> Result<(SharedRegion, Vec<u32>), PagesError> {
-    let pages = share_raw(platform, domid, count, Access::ReadWrite)?;
+    let pages = share_raw(platform, domid, count, access)?;
     let grefs = gref_values(&pages);
     let region = shared_pages_region(pages)
         .map_err(|e| PagesError::NoResources(format!("shared pages: {e}")))?;

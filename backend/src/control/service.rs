@@ -11,17 +11,19 @@ use shared_ring::abi::control::{
 };
 use shared_ring::abi::cqe::CQE_LEN;
 use shared_ring::abi::event::{EventKind, EventRepr};
+use shared_ring::abi::page_dir::dir_pages_needed;
 use shared_ring::abi::wqe::WQE_LEN;
 use shared_ring::doorbell;
 use shared_ring::event_ring::EVENT_RING_LEN;
 use shared_ring::{SharedRegion, PROTOCOL_VERSION};
-use xen_platform::{DomId, Platform};
+use xen_platform::{Access, DomId, Platform};
 
 use super::pages::{self, PagesError};
 use crate::device::{
     ChannelId, ChannelMode, ChannelSetup, CqId, CqSetup, Device, DeviceError, MrHandle, MrSetup,
     Notifier, PdId, QpNum, QpSetup, WorkQueue,
 };
+use crate::resources::budget::{BudgetExceeded, BudgetLimits, HostBudget, Pool};
 use crate::resources::table::{ChannelTable, CqEntry, MrEntry, QpEntry};
 use crate::resources::{Account, QuotaExceeded, Resource};
 use crate::xenbus::{CloseReason, DeviceId};
@@ -54,6 +56,17 @@ impl From<DeviceError> for Refusal {
 impl From<QuotaExceeded> for Refusal {
     fn from(e: QuotaExceeded) -> Refusal {
         Refusal::new(Status::QuotaExceeded, e.to_string())
+    }
+}
+
+impl From<BudgetExceeded> for Refusal {
+    fn from(e: BudgetExceeded) -> Refusal {
+        let status = match e {
+            // The domain's fair share is a per-domain bound, like a quota.
+            BudgetExceeded::Share { .. } => Status::QuotaExceeded,
+            BudgetExceeded::Host { .. } => Status::NoResources,
+        };
+        Refusal::new(status, e.to_string())
     }
 }
 
@@ -90,6 +103,11 @@ pub struct ControlService {
     platform: Platform,
     device: Arc<dyn Device>,
     account: Arc<Account>,
+    /// The host-wide page budgets, shared by every channel of every guest.
+    budget: Arc<HostBudget>,
+    /// Pages granted to the guest for this channel (charged to `max-granted-pages` and the
+    /// domain's share of `[host] granted-pages`).
+    granted: u64,
     mode: ChannelMode,
     notifier: Arc<dyn Notifier>,
     /// The device's channel, once `Init` succeeded.
@@ -101,6 +119,7 @@ pub struct ControlService {
     control_requests: u64,
     /// Grants of the channel's doorbell pages, page 0 (the `Init` page) first.
     doorbell_grefs: Vec<u32>,
+    last_refusal: Option<String>,
 }
 
 impl std::fmt::Debug for ControlService {
@@ -132,6 +151,8 @@ impl ControlService {
             platform,
             device,
             account,
+            budget: Arc::new(HostBudget::new(BudgetLimits::UNLIMITED)),
+            granted: 0,
             mode,
             notifier,
             ch: None,
@@ -140,7 +161,25 @@ impl ControlService {
             pending: Vec::new(),
             control_requests: 0,
             doorbell_grefs: Vec::new(),
+            last_refusal: None,
         }
+    }
+
+    /// Charges this channel's pages to `budget` too (the daemon's host-wide page budgets);
+    /// without it only the device's quotas bound them.
+    pub fn with_budget(mut self, budget: Arc<HostBudget>) -> ControlService {
+        self.budget = budget;
+        self
+    }
+
+    /// Pages granted to the guest for this channel now.
+    pub fn granted_pages(&self) -> u64 {
+        self.granted
+    }
+
+    /// Why the last refused request was refused (the sentence the log has).
+    pub fn last_refusal(&self) -> Option<&str> {
+        self.last_refusal.as_deref()
     }
 
     /// The device channel, once initialised.
@@ -180,6 +219,7 @@ impl ControlService {
                 } else {
                     tracing::debug!(device = %self.device_id, channel = self.channel, ?op, "{:?}: {}", r.status, r.why);
                 }
+                self.last_refusal = Some(r.why);
                 ResponseRepr::error(req.req_id, op, r.status)
             }
         };
@@ -328,20 +368,35 @@ impl ControlService {
                 ),
             ));
         }
-        let (doorbell, doorbell_grefs) = pages::share(&self.platform, self.domid, DOORBELL_PAGES)?;
-        let (event_ring, event_grefs) = pages::share(
-            &self.platform,
-            self.domid,
-            EVENT_RING_LEN / xen_platform::PAGE_SIZE,
-        )?;
-        let slots = doorbell::slots_in(doorbell.len());
-        let ch = self.device.open_channel(ChannelSetup {
-            domid: self.domid,
-            doorbell,
-            event_ring,
-            notifier: self.notifier.clone(),
-            mode: self.mode,
-        })?;
+        let event_pages = EVENT_RING_LEN / xen_platform::PAGE_SIZE;
+        let cost = (DOORBELL_PAGES + event_pages) as u64;
+        self.charge_granted(cost)?;
+        let opened = (|| -> Result<_, Refusal> {
+            let (doorbell, doorbell_grefs) = pages::share(
+                &self.platform,
+                self.domid,
+                DOORBELL_PAGES,
+                Access::ReadWrite,
+            )?;
+            let (event_ring, event_grefs) =
+                pages::share(&self.platform, self.domid, event_pages, Access::ReadWrite)?;
+            let slots = doorbell::slots_in(doorbell.len());
+            let ch = self.device.open_channel(ChannelSetup {
+                domid: self.domid,
+                doorbell,
+                event_ring,
+                notifier: self.notifier.clone(),
+                mode: self.mode,
+            })?;
+            Ok((ch, slots, doorbell_grefs, event_grefs))
+        })();
+        let (ch, slots, doorbell_grefs, event_grefs) = match opened {
+            Ok(x) => x,
+            Err(r) => {
+                self.refund_granted(cost);
+                return Err(r);
+            }
+        };
         self.ch = Some(ch);
         self.table = ChannelTable::new(slots);
         self.doorbell_grefs = vec![doorbell_grefs[0]];
@@ -436,9 +491,19 @@ impl ControlService {
             self.account.refund(Resource::Mrs, 1);
             return Err(e.into());
         }
-        let refund = |a: &Account| {
+        if let Err(e) = self
+            .budget
+            .charge(self.device_id.domid, Pool::Mapped, n_pages)
+        {
+            self.account.refund(Resource::Mrs, 1);
+            self.account.refund(Resource::MrPages, n_pages);
+            return Err(e.into());
+        }
+        let domid = self.device_id.domid;
+        let refund = |a: &Account, b: &HostBudget| {
             a.refund(Resource::Mrs, 1);
             a.refund(Resource::MrPages, n_pages);
+            b.refund(domid, Pool::Mapped, n_pages);
         };
         let registered = (|| -> Result<crate::device::MrKeys, Refusal> {
             let grefs = pages::resolve_guest_list(&self.platform, self.domid, list)?;
@@ -468,7 +533,7 @@ impl ControlService {
                 })
             }
             Err(r) => {
-                refund(&self.account);
+                refund(&self.account, &self.budget);
                 Err(r)
             }
         }
@@ -482,6 +547,8 @@ impl ControlService {
         self.table.mrs.remove(&mr);
         self.account.refund(Resource::Mrs, 1);
         self.account.refund(Resource::MrPages, entry.pages);
+        self.budget
+            .refund(self.device_id.domid, Pool::Mapped, entry.pages);
         Ok(Reply::Empty)
     }
 
@@ -498,12 +565,19 @@ impl ControlService {
 
     fn create_cq(&mut self, ch: ChannelId, cqe_log2: u8) -> Outcome {
         let entries = self.check_log2(cqe_log2, self.device.attrs().max_cqe, "CQ")?;
+        let ring_pages = pages::pages_for(entries, CQE_LEN);
+        let cost = (ring_pages + dir_pages_needed(ring_pages)) as u64;
         self.account.charge(Resource::Cqs, 1)?;
+        if let Err(r) = self.charge_granted(cost) {
+            self.account.refund(Resource::Cqs, 1);
+            return Err(r);
+        }
         let made = (|| -> Result<(CqId, u32, shared_ring::abi::page_dir::PageList, Vec<SharedRegion>), Refusal> {
             let slot = self.take_slots(ch, 1)?[0];
             let result = (|| {
+                // Read-only for the guest: it only polls; the backend writes the CQEs.
                 let (ring, grefs) =
-                    pages::share(&self.platform, self.domid, pages::pages_for(entries, CQE_LEN))?;
+                    pages::share(&self.platform, self.domid, ring_pages, Access::ReadOnly)?;
                 let (list, dirs) = pages::describe(&self.platform, self.domid, &grefs)?;
                 let cq = self.device.create_cq(
                     ch,
@@ -526,6 +600,7 @@ impl ControlService {
                     cq,
                     CqEntry {
                         doorbell_slot: slot,
+                        granted_pages: cost,
                     },
                 );
                 self.keep_dirs(Kind::Cq, cq.0, dirs);
@@ -539,6 +614,7 @@ impl ControlService {
             }
             Err(r) => {
                 self.account.refund(Resource::Cqs, 1);
+                self.refund_granted(cost);
                 Err(r)
             }
         }
@@ -557,6 +633,7 @@ impl ControlService {
         self.table.free_slots(&[entry.doorbell_slot]);
         self.dir_pages.remove(&(Kind::Cq, cq.0));
         self.account.refund(Resource::Cqs, 1);
+        self.refund_granted(entry.granted_pages);
         Ok(Reply::Empty)
     }
 
@@ -575,7 +652,14 @@ impl ControlService {
         let max_wr = self.device.attrs().max_qp_wr;
         let sq_entries = self.check_log2(sq_log2, max_wr, "send queue")?;
         let rq_entries = self.check_log2(rq_log2, max_wr, "receive queue")?;
+        let sq_pages = pages::pages_for(sq_entries, WQE_LEN);
+        let rq_pages = pages::pages_for(rq_entries, WQE_LEN);
+        let cost = (sq_pages + rq_pages + dir_pages_needed(sq_pages + rq_pages)) as u64;
         self.account.charge(Resource::Qps, 1)?;
+        if let Err(r) = self.charge_granted(cost) {
+            self.account.refund(Resource::Qps, 1);
+            return Err(r);
+        }
         type Made = (
             QpNum,
             [u32; 2],
@@ -586,16 +670,10 @@ impl ControlService {
             let slots = self.take_slots(ch, 2)?;
             let (sq_slot, rq_slot) = (slots[0], slots[1]);
             let result = (|| {
-                let (sq, mut grefs) = pages::share(
-                    &self.platform,
-                    self.domid,
-                    pages::pages_for(sq_entries, WQE_LEN),
-                )?;
-                let (rq, rq_grefs) = pages::share(
-                    &self.platform,
-                    self.domid,
-                    pages::pages_for(rq_entries, WQE_LEN),
-                )?;
+                let (sq, mut grefs) =
+                    pages::share(&self.platform, self.domid, sq_pages, Access::ReadWrite)?;
+                let (rq, rq_grefs) =
+                    pages::share(&self.platform, self.domid, rq_pages, Access::ReadWrite)?;
                 grefs.extend(rq_grefs);
                 let (list, dirs) = pages::describe(&self.platform, self.domid, &grefs)?;
                 let qp = self.device.create_qp(
@@ -630,6 +708,7 @@ impl ControlService {
                         recv_cq,
                         sq_slot,
                         rq_slot,
+                        granted_pages: cost,
                     },
                 );
                 self.keep_dirs(Kind::Qp, qp.0, dirs);
@@ -646,6 +725,7 @@ impl ControlService {
             }
             Err(r) => {
                 self.account.refund(Resource::Qps, 1);
+                self.refund_granted(cost);
                 Err(r)
             }
         }
@@ -665,7 +745,28 @@ impl ControlService {
         self.table.free_slots(&[entry.sq_slot, entry.rq_slot]);
         self.dir_pages.remove(&(Kind::Qp, qp.0));
         self.account.refund(Resource::Qps, 1);
+        self.refund_granted(entry.granted_pages);
         self.pending.retain(|p| p.qp != qp);
+    }
+
+    /// Charges `n` granted pages to the device's quota and the domain's host share (both or
+    /// neither), before any page is allocated.
+    fn charge_granted(&mut self, n: u64) -> Result<(), Refusal> {
+        self.account.charge(Resource::GrantedPages, n)?;
+        if let Err(e) = self.budget.charge(self.device_id.domid, Pool::Granted, n) {
+            self.account.refund(Resource::GrantedPages, n);
+            return Err(e.into());
+        }
+        self.granted += n;
+        Ok(())
+    }
+
+    /// Gives back `n` granted pages (their grants were revoked or are being).
+    fn refund_granted(&mut self, n: u64) {
+        let n = n.min(self.granted);
+        self.granted -= n;
+        self.account.refund(Resource::GrantedPages, n);
+        self.budget.refund(self.device_id.domid, Pool::Granted, n);
     }
 
     fn connect(&mut self, ch: ChannelId, qp: QpNum, remote: QpNum) -> Result<(), Refusal> {
@@ -708,8 +809,17 @@ impl ControlService {
                 ),
             ));
         }
-        let (page, grefs) = pages::share(&self.platform, self.domid, 1)?;
-        let first = self.device.add_doorbell_page(ch, page)?;
+        self.charge_granted(1)?;
+        let added = pages::share(&self.platform, self.domid, 1, Access::ReadWrite)
+            .map_err(Refusal::from)
+            .and_then(|(page, grefs)| Ok((self.device.add_doorbell_page(ch, page)?, grefs)));
+        let (first, grefs) = match added {
+            Ok(x) => x,
+            Err(r) => {
+                self.refund_granted(1);
+                return Err(r);
+            }
+        };
         if first != self.table.slot_count() {
             // The device and the table disagree on the numbering: refuse rather than guess.
             return Err(Refusal::new(
@@ -803,10 +913,14 @@ impl ControlService {
         self.account.refund(Resource::Mrs, mrs as u64);
         self.account.refund(Resource::MrPages, mr_pages);
         self.account.refund(Resource::Pds, pds as u64);
+        self.budget
+            .refund(self.device_id.domid, Pool::Mapped, mr_pages);
+        let granted = self.granted;
+        self.refund_granted(granted);
         tracing::info!(
             device = %self.device_id,
             channel = self.channel,
-            "reclaimed {qps} QPs, {cqs} CQs, {mrs} MRs ({mr_pages} pages), {pds} PDs: {reason}"
+            "reclaimed {qps} QPs, {cqs} CQs, {mrs} MRs ({mr_pages} pages), {pds} PDs, {granted} granted pages: {reason}"
         );
     }
 }

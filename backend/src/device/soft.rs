@@ -191,6 +191,10 @@ fn take_slot(e: &mut ChanEntry, slot: u32) -> DeviceResult<()> {
     }
     let q = dbs.queue(slot).map_err(|e| inval(e.to_string()))?;
     q.prod.store(0, Ordering::Relaxed);
+    // A CQ's words too: a slot reused by a CQ must not inherit an arm or consumer index.
+    let c = dbs.cq(slot).map_err(|e| inval(e.to_string()))?;
+    c.arm.store(0, Ordering::Relaxed);
+    c.cons.store(0, Ordering::Relaxed);
     q.cons.store(0, Ordering::Release);
     drop(dbs);
     e.slots.insert(slot);

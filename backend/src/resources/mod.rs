@@ -1,11 +1,12 @@
 //! Per-domain resource accounting: quotas (toolstack-owned, read from the backend device node),
-//! the usage counters published under `stats/`, and the per-channel tables of what a channel
-//! holds ([`table`]).
+//! the usage counters published under `stats/`, the per-channel tables of what a channel
+//! holds ([`table`]), and the host-wide page budgets split among domains ([`budget`]).
 //!
 //! A quota bounds what one guest device (`D/<devid>`) may make the backend spend; the guest can
 //! read but not write the nodes they come from. Charging is all-or-nothing and refunded by the
 //! owner of the resource when it goes, so after a reclaim every counter is back to zero.
 
+pub mod budget;
 pub mod table;
 
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -22,17 +23,21 @@ pub enum Resource {
     MrPages,
     Cqs,
     Qps,
+    /// Pages the backend allocates and grants to the guest: doorbell and event-ring pages,
+    /// queue and CQ rings, page-directory pages.
+    GrantedPages,
 }
 
 impl Resource {
     /// Every resource, in the order of [`Usage`].
-    pub const ALL: [Resource; 6] = [
+    pub const ALL: [Resource; 7] = [
         Resource::Channels,
         Resource::Pds,
         Resource::Mrs,
         Resource::MrPages,
         Resource::Cqs,
         Resource::Qps,
+        Resource::GrantedPages,
     ];
 
     /// The quota's XenStore key in the backend device node (`max-qps`, ...).
@@ -44,6 +49,7 @@ impl Resource {
             Resource::MrPages => "max-mr-pages",
             Resource::Cqs => "max-cqs",
             Resource::Qps => "max-qps",
+            Resource::GrantedPages => "max-granted-pages",
         }
     }
 
@@ -75,6 +81,9 @@ pub struct Quotas {
     pub max_mr_pages: u32,
     pub max_cqs: u32,
     pub max_qps: u32,
+    /// Pages the backend grants to the device's guest (doorbells, event rings, queue and CQ
+    /// rings, page directories), all channels together.
+    pub max_granted_pages: u32,
 }
 
 impl Default for Quotas {
@@ -86,6 +95,7 @@ impl Default for Quotas {
             max_mr_pages: 262_144,
             max_cqs: 256,
             max_qps: 256,
+            max_granted_pages: 4096,
         }
     }
 }
@@ -100,6 +110,7 @@ impl Quotas {
             Resource::MrPages => self.max_mr_pages,
             Resource::Cqs => self.max_cqs,
             Resource::Qps => self.max_qps,
+            Resource::GrantedPages => self.max_granted_pages,
         }
     }
 
@@ -112,6 +123,7 @@ impl Quotas {
             Resource::MrPages => self.max_mr_pages = v,
             Resource::Cqs => self.max_cqs = v,
             Resource::Qps => self.max_qps = v,
+            Resource::GrantedPages => self.max_granted_pages = v,
         }
     }
 
@@ -140,7 +152,7 @@ pub struct QuotaExceeded {
 
 /// What a device uses now, per [`Resource`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Usage(pub [u64; 6]);
+pub struct Usage(pub [u64; 7]);
 
 impl Usage {
     /// Units of `r` in use.
@@ -292,7 +304,8 @@ mod tests {
                 "max-mrs",
                 "max-mr-pages",
                 "max-cqs",
-                "max-qps"
+                "max-qps",
+                "max-granted-pages"
             ]
         );
         assert_eq!(Resource::MrPages.stats_key(), "mr-pages");

@@ -19,6 +19,8 @@ pub struct MrEntry {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CqEntry {
     pub doorbell_slot: u32,
+    /// Pages granted for it (ring and directory pages).
+    pub granted_pages: u64,
 }
 
 /// A queue pair.
@@ -29,6 +31,8 @@ pub struct QpEntry {
     pub recv_cq: CqId,
     pub sq_slot: u32,
     pub rq_slot: u32,
+    /// Pages granted for it (SQ, RQ and directory pages).
+    pub granted_pages: u64,
 }
 
 /// The objects of one channel.
@@ -165,7 +169,13 @@ mod tests {
     fn references_keep_objects_busy() {
         let mut t = ChannelTable::new(8);
         t.pds.insert(PdId(1));
-        t.cqs.insert(CqId(2), CqEntry { doorbell_slot: 0 });
+        t.cqs.insert(
+            CqId(2),
+            CqEntry {
+                doorbell_slot: 0,
+                granted_pages: 1,
+            },
+        );
         assert!(!t.pd_in_use(PdId(1)));
         t.qps.insert(
             QpNum(3),
@@ -175,6 +185,7 @@ mod tests {
                 recv_cq: CqId(2),
                 sq_slot: 1,
                 rq_slot: 2,
+                granted_pages: 2,
             },
         );
         assert!(t.pd_in_use(PdId(1)));

@@ -43,11 +43,20 @@ pub struct Stack {
 
 impl Stack {
     pub fn start() -> Stack {
+        Self::start_with_max_grants(xen_platform::sim::DEFAULT_MAX_GRANTS)
+    }
+
+    /// A stack whose domains (dom0 too) may grant at most `max_grants` pages each.
+    pub fn start_with_max_grants(max_grants: u32) -> Stack {
         let tmp = tempfile::Builder::new()
             .prefix("vd")
             .tempdir_in("/tmp")
             .unwrap();
-        let host = SimHost::start(SimHostConfig::new(tmp.path())).unwrap();
+        let host = SimHost::start(SimHostConfig {
+            default_max_grants: max_grants,
+            ..SimHostConfig::new(tmp.path())
+        })
+        .unwrap();
         let p0 = platform(host.dir(), DomId::DOM0);
         let dom0 = Arc::new(p0.xenstore().unwrap());
         let device: Arc<dyn Device> = Arc::new(SoftDevice::new(EngineConfig::default()).unwrap());

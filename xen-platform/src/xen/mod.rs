@@ -5,6 +5,7 @@ pub mod abi;
 pub(crate) mod evtchn;
 pub(crate) mod gntalloc;
 pub(crate) mod gntdev;
+pub mod limits;
 
 /// Device nodes used on real Xen.
 pub const GNTALLOC_DEV: &str = "/dev/xen/gntalloc";
