@@ -17,6 +17,8 @@ const SOAK: &str = env!("CARGO_BIN_EXE_vrdma-soak");
 const MR_LEN: usize = 65_536;
 /// A hang guard for control-path steps under attack (not a performance target).
 const HANG_GUARD: Duration = Duration::from_secs(10);
+const FLOOD_THREADS: &str = "8";
+const FLOOD_MR_KIB: &str = "2048";
 
 /// Two guests in two domains, QP `q` connected, CQ `c`, region `m` of [`MR_LEN`] each.
 struct Pair {
@@ -302,7 +304,16 @@ fn closing_under_a_regmr_flood_leaves_the_daemon_answering() {
         &lab,
         evil,
         "mr-flood-close",
-        &["--flood-ms", "500", "--flood-after-ms", "15000"],
+        &[
+            "--flood-ms",
+            "500",
+            "--flood-after-ms",
+            "15000",
+            "--flood-threads",
+            FLOOD_THREADS,
+            "--flood-mr-kib",
+            FLOOD_MR_KIB,
+        ],
     );
     let said = rx
         .recv_timeout(Duration::from_secs(60))
@@ -343,7 +354,7 @@ fn short_soak_keeps_the_good_pair_whole() {
     let out = Command::new(SOAK)
         .args([
             "--seconds",
-            "20",
+            "24",
             "--phase-secs",
             "2",
             "--attackers",

@@ -604,6 +604,13 @@ struct AttackArgs {
     /// ... and after it (ms), unless the backend stops answering first.
     #[arg(long, default_value_t = 4000)]
     flood_after_ms: u64,
+    /// Threads registering and deregistering regions in the flood (as many again allocate
+    /// and deallocate PDs).
+    #[arg(long, default_value_t = 4)]
+    flood_threads: usize,
+    /// Size of the flood's regions (KiB; a size of 0 cycles through 4..64 KiB).
+    #[arg(long, default_value_t = 0)]
+    flood_mr_kib: usize,
 }
 
 mod attack {
@@ -897,14 +904,19 @@ mod attack {
         let closed = std::thread::scope(|s| {
             // RegMr/DeregMr (each with grant calls in between), and AllocPd/DeallocPd beside
             // them so the control ring is never empty for long.
-            for t in 0..8usize {
+            let n = a.flood_threads;
+            for t in 0..2 * n {
                 let (ctx, pd, ops) = (&ctx, &pd, &ops);
                 s.spawn(move || {
                     let mut k = t;
                     while Instant::now() < end {
                         k += 1;
-                        let r = if t < 4 {
-                            pd.alloc_mr(4096 * (1 + k % 16), AccessFlags::ALL).map(drop)
+                        let len = match a.flood_mr_kib {
+                            0 => 4096 * (1 + k % 16),
+                            kib => kib << 10,
+                        };
+                        let r = if t < n {
+                            pd.alloc_mr(len, AccessFlags::ALL).map(drop)
                         } else {
                             ctx.alloc_pd().map(drop)
                         };
@@ -937,7 +949,8 @@ mod attack {
         _ctx: Context,
         cq: CompletionQueue,
         qp: QueuePair,
-        mr: MemoryRegion,
+        src: MemoryRegion,
+        dst: MemoryRegion,
         /// WRITEs per round: together they move `--hog-mib`.
         writes: u64,
     }
@@ -945,9 +958,9 @@ mod attack {
     /// The largest region one grant call can share on the simulated host (16384 pages).
     const HOG_REGION_MAX: u64 = 64 << 20;
 
-    /// [5] Huge WRITEs from a region onto itself: `--hog-mib` per round, posted back to back
-    /// as WRITEs as big as one region may be (one region is at most 64 MiB on the simulated
-    /// host: its grant calls share at most 16384 pages).
+    /// [5] Huge WRITEs from one own region to another: `--hog-mib` per round, posted back to
+    /// back as WRITEs as big as one region may be (one region is at most 64 MiB on the
+    /// simulated host: its grant calls share at most 16384 pages).
     fn hog_round(a: &AttackArgs, state: &mut Option<Hog>) -> Result<(String, Breaches)> {
         if state.is_none() {
             let ctx = open(Duration::from_secs(10))?;
@@ -963,23 +976,28 @@ mod attack {
                 .build()?;
             let ep = qp.endpoint();
             qp.connect(&ep)?;
-            let mr = pd
-                .alloc_mr(usize::try_from(len)?, AccessFlags::ALL)
-                .with_context(|| format!("a {} MiB region", len >> 20))?;
+            let region = || {
+                pd.alloc_mr(usize::try_from(len)?, AccessFlags::ALL)
+                    .with_context(|| format!("a {} MiB region", len >> 20))
+            };
+            let (src, dst) = (region()?, region()?);
+            // Real bytes: the source pages exist, so every WRITE copies them.
+            src.fill(0, src.len(), 0x5a)?;
             *state = Some(Hog {
                 _ctx: ctx,
                 cq,
                 qp,
-                mr,
+                src,
+                dst,
                 writes,
             });
         }
         let h = state.as_mut().expect("set above");
         let start = Instant::now();
         let r = (|| -> Result<()> {
-            let remote = h.mr.remote();
+            let remote = h.dst.remote();
             for i in 0..h.writes {
-                h.qp.post_write(&[h.mr.slice(..)], remote, i)?;
+                h.qp.post_write(&[h.src.slice(..)], remote, i)?;
             }
             let deadline = Instant::now() + Duration::from_secs(120);
             for _ in 0..h.writes {
@@ -993,7 +1011,7 @@ mod attack {
         let detail = format!(
             "{} x {} MiB WRITEs back to back in {} ms",
             h.writes,
-            h.mr.len() >> 20,
+            h.src.len() >> 20,
             start.elapsed().as_millis()
         );
         if let Err(e) = r {
@@ -1768,10 +1786,14 @@ mod soak {
                                 phase_max_round = phase_max_round.max(max_us);
                             }
                         }
+                        // One error per incident: once a side failed, the other side's
+                        // failure (its peer QP going away) is the same incident.
                         Some(l) if l.starts_with("error") => {
-                            let t = tallies.entry(kind).or_default();
-                            t.good_errors.push(format!("{side:?}: {}", l[5..].trim()));
-                            restart_pair = true;
+                            if !restart_pair {
+                                let t = tallies.entry(kind).or_default();
+                                t.good_errors.push(format!("{side:?}: {}", l[5..].trim()));
+                                restart_pair = true;
+                            }
                         }
                         Some(_) => {}
                         None => {
@@ -1920,7 +1942,7 @@ mod soak {
                         good_ops_now = ops;
                     }
                 }
-                Some(l) if l.starts_with("error") => {
+                Some(l) if l.starts_with("error") && !restart_pair => {
                     let t = tallies.entry(kind).or_default();
                     t.good_errors.push(format!("{side:?}: {}", l[5..].trim()));
                     restart_pair = true;
