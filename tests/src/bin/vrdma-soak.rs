@@ -1955,16 +1955,22 @@ mod soak {
         // A pair broken at the very end is started again, so the end counts compare like
         // with like.
         if restart_pair && !backend_died {
-            gen += 1;
             pair.a.kill();
             pair.b.kill();
-            match start_pair(&w, args, (ga, gb), gen, &rx, &mut pending) {
-                Ok(p) => pair = p,
-                Err(e) => tallies
-                    .entry(kind)
-                    .or_default()
-                    .good_errors
-                    .push(format!("restarting the good pair at the end: {e:#}")),
+            for attempt in 1..=5 {
+                gen += 1;
+                match start_pair(&w, args, (ga, gb), gen, &rx, &mut pending) {
+                    Ok(p) => {
+                        pair = p;
+                        break;
+                    }
+                    Err(e) => {
+                        tallies.entry(kind).or_default().good_errors.push(format!(
+                            "restarting the good pair at the end ({attempt}/5): {e:#}"
+                        ));
+                        std::thread::sleep(Duration::from_secs(1));
+                    }
+                }
             }
         }
 
