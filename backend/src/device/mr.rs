@@ -88,6 +88,19 @@ struct Cursor<'a> {
 }
 
 impl<'a> Cursor<'a> {
+    /// A cursor `from` bytes into `segs`.
+    fn skip(segs: &'a [Option<Seg>], from: usize) -> Self {
+        let mut c = Cursor { segs, i: 0, at: 0 };
+        let mut left = from;
+        while left > 0 {
+            let Some((_, _, n)) = c.next_chunk(left) else {
+                break;
+            };
+            left -= n;
+        }
+        c
+    }
+
     /// The next chunk of at most `max` bytes: (segment, offset in it, length).
     fn next_chunk(&mut self, max: usize) -> Option<(&'a Seg, usize, usize)> {
         let seg = loop {
@@ -137,6 +150,29 @@ pub(crate) fn scatter(src: &Source<'_>, dst: &[Option<Seg>]) {
                 }
             }
         }
+    }
+}
+
+/// Copies bytes `[from, from + len)` of the message `src` (segments in order) to the same
+/// bytes of `dst`: one piece of a message moved in several passes. Both lists were resolved
+/// and checked to hold at least `from + len` bytes.
+pub(crate) fn copy_part(src: &[Option<Seg>], dst: &[Option<Seg>], from: usize, len: usize) {
+    let mut s = Cursor::skip(src, from);
+    let mut d = Cursor::skip(dst, from);
+    let mut left = len;
+    while left > 0 {
+        let Some((seg, at, n)) = s.next_chunk(left) else {
+            return;
+        };
+        let mut off = 0;
+        while off < n {
+            let Some((dseg, dat, dn)) = d.next_chunk(n - off) else {
+                return;
+            };
+            dseg.copy_from(dat, seg, at + off, dn);
+            off += dn;
+        }
+        left -= n;
     }
 }
 
