@@ -13,9 +13,11 @@
 //! it did work. A guest that floods its event channel therefore costs one pass over the
 //! engine's QPs per wake-up, not `spin` of busy polling per kick.
 //!
-//! Each pass serves every channel in turn with a byte budget ([`exec::PASS_BYTES`]), and the
-//! QPs of a channel from a rotating start, so a channel moving huge messages delays another's
-//! by one budget's worth of copying per pass, whatever its message sizes or QP count.
+//! Each pass serves every channel in turn with a byte budget, and the QPs of a channel from a
+//! rotating start, so a channel moving huge messages delays another's by one budget's worth of
+//! copying per pass, whatever its message sizes or QP count. The budget is
+//! [`exec::PASS_BYTES`] for [`SHARED_PASSES`] passes after two channels last did work in the
+//! same pass, [`exec::SOLO_BYTES`] otherwise (a lone stream is not chopped finer than needed).
 //!
 //! A QP blocked on a RECV at a QP served by another engine cannot be woken by its own
 //! channels' kicks; the serving engine hands the wake-up over (`exec::hand_off_rnr`), and as a
@@ -31,6 +33,9 @@ use mio::{Events, Poll, Token, Waker};
 use super::exec::{self, Ctx};
 use super::mr::KeyTable;
 use super::objects::{lock, Channel, Qp};
+
+/// Passes after two channels last did work in the same pass during which budgets stay small.
+pub(crate) const SHARED_PASSES: usize = 256;
 
 /// Longest sleep of an engine whose QP waits for a RECV at another engine's QP.
 pub(crate) const RNR_NAP: Duration = Duration::from_millis(1);
@@ -119,6 +124,7 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
     // Per channel: its QPs' range in `qps`.
     let mut ranges: Vec<std::ops::Range<usize>> = Vec::new();
     let mut pass: usize = 0;
+    let mut last_shared: usize = 0;
     let mut idle_since: Option<Instant> = None;
     // Woken from a sleep (or just started) and no work found since: no spinning for that.
     let mut just_woke = true;
@@ -138,15 +144,27 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
         }
         let mut did = false;
         pass = pass.wrapping_add(1);
+        let per_channel = if pass.wrapping_sub(last_shared) < SHARED_PASSES {
+            exec::PASS_BYTES
+        } else {
+            exec::SOLO_BYTES
+        };
+        let mut working = 0;
         for r in &ranges {
             let mine = &qps[r.clone()];
-            let mut budget = exec::PASS_BYTES;
+            let mut budget = per_channel;
+            let mut worked = false;
             for k in 0..mine.len() {
                 if budget == 0 {
                     break;
                 }
-                did |= exec::process_qp(&ctx, &mine[(pass + k) % mine.len()], &mut budget);
+                worked |= exec::process_qp(&ctx, &mine[(pass + k) % mine.len()], &mut budget);
             }
+            working += usize::from(worked);
+            did |= worked;
+        }
+        if working >= 2 {
+            last_shared = pass;
         }
         if did {
             idle_since = None;

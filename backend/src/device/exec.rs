@@ -6,7 +6,8 @@
 //! after that point, and nothing it writes later changes what is executed.
 //!
 //! Fairness is by bytes: a pass of the engine lets each channel move at most [`PASS_BYTES`]
-//! (and each QP run at most [`BUDGET`] WQEs). A message larger than what is left is moved in
+//! while other channels have work too ([`SOLO_BYTES`] while it is alone), and each QP run at
+//! most [`BUDGET`] WQEs. A message larger than what is left is moved in
 //! pieces over several passes ([`Active`]): its WQE stays at the head of the SQ, so the QP's
 //! completions stay in order, and the responder's receive lock is held for one piece at a
 //! time, never across the message.
@@ -25,9 +26,13 @@ use super::objects::{lock, Qp, RecvSide, SendSide};
 
 /// WQEs one QP may execute per engine pass (fairness between QPs).
 const BUDGET: usize = 32;
-/// Payload bytes one channel may move per engine pass (fairness between channels by bytes):
-/// about 2–10 µs of copying, what another channel's message may wait per pass.
-pub(crate) const PASS_BYTES: usize = 32 << 10;
+/// Payload bytes one channel may move per engine pass while other channels have work too
+/// (fairness between channels by bytes): about 1–5 µs of copying, what another channel's
+/// message may wait per pass. Also the largest piece copied at once.
+pub(crate) const PASS_BYTES: usize = 8 << 10;
+/// The budget of a channel that has had the engine to itself for a while (fewer passes per
+/// byte for a lone stream; the first message of another channel waits for at most this).
+pub(crate) const SOLO_BYTES: usize = 256 << 10;
 /// WQEs one QP may flush per queue per pass.
 const FLUSH_BUDGET: usize = 256;
 
@@ -314,6 +319,10 @@ fn step(peer: &Qp, a: &mut Active, budget: &mut usize) -> Exec {
     .then_some(a.wqe.imm_data);
     let r = match a.kind {
         Kind::Copy => done(CqeStatus::Success, len),
+        Kind::Send | Kind::WriteImm if !matches!(peer.state(), QpState::Rtr | QpState::Rts) => {
+            // The responder failed after the last piece: its flush completes the RECV.
+            done(CqeStatus::RetryExceeded, 0)
+        }
         Kind::Send => {
             let mut r = lock(&peer.recv);
             let Some(raw) = r.reserved.take() else {

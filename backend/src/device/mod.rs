@@ -72,6 +72,13 @@
 //!   numbered across pages), so a process is not limited to the 31 slots of one page.
 //! * Mediated mode writes the send and receive queues' consumer indexes to the guest's doorbell
 //!   page too (producer indexes stay private), so the frontend sees its queue slots free up.
+//! * Isolation (issue 10; not additive): `connect_qp` answers `Ok` and leaves the QP waiting in
+//!   Rtr for any remote number (before: `ConnectionRefused` for a number that named no QP), and
+//!   only a connected QP's destroy touches its peer. Handles are no longer sequential; memory
+//!   keys are `number << 1 | remote` from a 31-bit counter instead of slot and generation.
+//! * Fairness (issue 10): each engine pass lets a channel move at most 32 KiB; longer messages
+//!   move in pieces over several passes (completions stay in order per QP). An engine spins
+//!   only after it did work: a kick that finds nothing to do buys one look, not a spin.
 
 mod engine;
 mod exec;
