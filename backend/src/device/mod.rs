@@ -76,8 +76,9 @@
 //!   Rtr for any remote number (before: `ConnectionRefused` for a number that named no QP), and
 //!   only a connected QP's destroy touches its peer. Handles are no longer sequential; memory
 //!   keys are `number << 1 | remote` from a 31-bit counter instead of slot and generation.
-//! * Fairness (issue 10): each engine pass lets a channel move at most 32 KiB; longer messages
-//!   move in pieces over several passes (completions stay in order per QP). An engine spins
+//! * Fairness (issue 10): each engine pass lets a channel move at most 8 KiB while channels
+//!   share the engine (256 KiB while one is alone); longer messages move in pieces over several
+//!   passes (completions stay in order per QP). An engine spins
 //!   only after it did work: a kick that finds nothing to do buys one look, not a spin.
 
 mod engine;
