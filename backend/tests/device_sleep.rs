@@ -80,6 +80,18 @@ fn a_spinning_engine_is_not_kicked() {
     let mut qp = a.qp(&dev, &cq, &cq, 4);
     dev.connect_qp(a.id, qp.num, qp.num).unwrap();
     let m = a.mr(&dev, 4096, access::ALL);
+    // Spinning is bought by work: the first post wakes an engine that had none.
+    qp.post_send(
+        &dev,
+        &wqe(
+            WqeOpcode::RdmaWrite,
+            99,
+            &[m.sge(0, 8)],
+            (m.iova + 64, m.keys.rkey),
+            0,
+        ),
+    );
+    assert_eq!(cq.wait(&dev).wr_id, 99);
     for i in 0..10 {
         let w = wqe(
             WqeOpcode::RdmaWrite,
@@ -91,6 +103,32 @@ fn a_spinning_engine_is_not_kicked() {
         qp.sq.write(&w.to_bytes()).unwrap();
         assert!(!qp.sq.publish_and_check_kick(&mut qp.kick));
         assert_eq!(cq.wait(&dev).wr_id, i);
+    }
+}
+
+#[test]
+fn a_kick_without_work_buys_no_spin() {
+    // An hour of spin after work; a flood of kicks with no work must not buy any of it: after
+    // each kick the engine takes one look and sleeps again.
+    let dev = SoftDevice::new(EngineConfig {
+        threads: 1,
+        spin: Duration::from_secs(3600),
+    })
+    .unwrap();
+    let mut a = TestChannel::open(&dev, 1, ChannelMode::Bypass);
+    let cq = a.cq(&dev, 4);
+    let qp = a.qp(&dev, &cq, &cq, 4);
+    dev.connect_qp(a.id, qp.num, qp.num).unwrap();
+    for _ in 0..50 {
+        wait_until(|| dev.engine_diag(a.id).unwrap().asleep);
+        let before = dev.engine_diag(a.id).unwrap().sleeps;
+        for _ in 0..10 {
+            dev.kick(a.id);
+        }
+        wait_until(|| {
+            let d = dev.engine_diag(a.id).unwrap();
+            d.asleep && d.sleeps > before
+        });
     }
 }
 

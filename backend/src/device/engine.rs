@@ -8,6 +8,17 @@
 //! channel; the daemon forwards that as [`super::Device::kick`], which wakes the engine. The
 //! control path wakes it the same way when channels or QPs come and go, and for mediated posts.
 //!
+//! A kick buys one look, not a spin: an engine woken from its sleep that finds no work goes
+//! straight back to sleep (after the usual arm-and-re-check), and spins for `spin` only after
+//! it did work. A guest that floods its event channel therefore costs one pass over the
+//! engine's QPs per wake-up, not `spin` of busy polling per kick.
+//!
+//! Each pass serves every channel in turn with a byte budget, and the QPs of a channel from a
+//! rotating start, so a channel moving huge messages delays another's by one budget's worth of
+//! copying per pass, whatever its message sizes or QP count. The budget is
+//! [`exec::PASS_BYTES`] for [`SHARED_PASSES`] passes after two channels last did work in the
+//! same pass, [`exec::SOLO_BYTES`] otherwise (a lone stream is not chopped finer than needed).
+//!
 //! A QP blocked on a RECV at a QP served by another engine cannot be woken by its own
 //! channels' kicks; the serving engine hands the wake-up over (`exec::hand_off_rnr`), and as a
 //! safety net such an engine sleeps at most [`RNR_NAP`] at a time.
@@ -22,6 +33,9 @@ use mio::{Events, Poll, Token, Waker};
 use super::exec::{self, Ctx};
 use super::mr::KeyTable;
 use super::objects::{lock, Channel, Qp};
+
+/// Passes after two channels last did work in the same pass during which budgets stay small.
+pub(crate) const SHARED_PASSES: usize = 256;
 
 /// Longest sleep of an engine whose QP waits for a RECV at another engine's QP.
 pub(crate) const RNR_NAP: Duration = Duration::from_millis(1);
@@ -107,25 +121,58 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
     let mut seen = u64::MAX;
     let mut chans: Vec<Arc<Channel>> = Vec::new();
     let mut qps: Vec<Arc<Qp>> = Vec::new();
+    // Per channel: its QPs' range in `qps`.
+    let mut ranges: Vec<std::ops::Range<usize>> = Vec::new();
+    let mut pass: usize = 0;
+    let mut last_shared: usize = 0;
     let mut idle_since: Option<Instant> = None;
+    // Woken from a sleep (or just started) and no work found since: no spinning for that.
+    let mut just_woke = true;
     tracing::debug!(engine = me.idx, "engine started");
     while !me.stop.load(Ordering::Acquire) {
         let g = me.generation.load(Ordering::SeqCst);
         if g != seen {
             seen = g;
             chans = lock(&me.channels).clone();
-            qps = chans.iter().flat_map(|c| lock(&c.qps).clone()).collect();
+            qps.clear();
+            ranges.clear();
+            for c in &chans {
+                let start = qps.len();
+                qps.extend(lock(&c.qps).iter().cloned());
+                ranges.push(start..qps.len());
+            }
         }
         let mut did = false;
-        for qp in &qps {
-            did |= exec::process_qp(&ctx, qp);
+        pass = pass.wrapping_add(1);
+        let per_channel = if pass.wrapping_sub(last_shared) < SHARED_PASSES {
+            exec::PASS_BYTES
+        } else {
+            exec::SOLO_BYTES
+        };
+        let mut working = 0;
+        for r in &ranges {
+            let mine = &qps[r.clone()];
+            let mut budget = per_channel;
+            let mut worked = false;
+            for k in 0..mine.len() {
+                if budget == 0 {
+                    break;
+                }
+                worked |= exec::process_qp(&ctx, &mine[(pass + k) % mine.len()], &mut budget);
+            }
+            working += usize::from(worked);
+            did |= worked;
+        }
+        if working >= 2 {
+            last_shared = pass;
         }
         if did {
             idle_since = None;
+            just_woke = false;
             continue;
         }
         let since = *idle_since.get_or_insert_with(Instant::now);
-        if since.elapsed() < spin {
+        if !just_woke && since.elapsed() < spin {
             std::hint::spin_loop();
             continue;
         }
@@ -158,6 +205,7 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
         }
         me.asleep.store(false, Ordering::SeqCst);
         idle_since = None;
+        just_woke = true;
     }
     tracing::debug!(engine = me.idx, "engine stopped");
 }

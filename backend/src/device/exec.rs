@@ -4,9 +4,16 @@
 //! [`WqeRepr`] before anything is done with it; every byte range it names is resolved through
 //! the key table, which checks owner, access and bounds. Nothing the guest writes is trusted
 //! after that point, and nothing it writes later changes what is executed.
+//!
+//! Fairness is by bytes: a pass of the engine lets each channel move at most [`PASS_BYTES`]
+//! while other channels have work too ([`SOLO_BYTES`] while it is alone), and each QP run at
+//! most [`BUDGET`] WQEs. A message larger than what is left is moved in
+//! pieces over several passes ([`Active`]): its WQE stays at the head of the SQ, so the QP's
+//! completions stay in order, and the responder's receive lock is held for one piece at a
+//! time, never across the message.
 
 use std::sync::atomic::{fence, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, MutexGuard, Weak};
 
 use shared_ring::abi::control::{access, QpState};
 use shared_ring::abi::cqe::{flags as cqe_flags, CqeOpcode, CqeRepr, CqeStatus};
@@ -15,10 +22,17 @@ use shared_ring::abi::wqe::{flags, WqeData, WqeOpcode, WqeRepr, MAX_SGE, WQE_LEN
 
 use super::engine::EngineShared;
 use super::mr::{self, KeyTable, Seg, Source};
-use super::objects::{lock, Qp, SendSide};
+use super::objects::{lock, Qp, RecvSide, SendSide};
 
 /// WQEs one QP may execute per engine pass (fairness between QPs).
 const BUDGET: usize = 32;
+/// Payload bytes one channel may move per engine pass while other channels have work too
+/// (fairness between channels by bytes): about 1–5 µs of copying, what another channel's
+/// message may wait per pass. Also the largest piece copied at once.
+pub(crate) const PASS_BYTES: usize = 8 << 10;
+/// The budget of a channel that has had the engine to itself for a while (fewer passes per
+/// byte for a lone stream; the first message of another channel waits for at most this).
+pub(crate) const SOLO_BYTES: usize = 256 << 10;
 /// WQEs one QP may flush per queue per pass.
 const FLUSH_BUDGET: usize = 256;
 
@@ -38,6 +52,30 @@ enum Exec {
     },
     /// No RECV posted at the peer: retry later, in order.
     Blocked,
+    /// Part of the message moved (the byte budget is spent); the rest on later passes.
+    Partial,
+}
+
+/// What a partly executed WQE does.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    /// RDMA WRITE or READ: a copy between resolved segments.
+    Copy,
+    /// SEND into the RECV reserved at the peer (`RecvSide::reserved`).
+    Send,
+    /// RDMA WRITE with immediate: the data, then a RECV consumed for the immediate.
+    WriteImm,
+}
+
+/// A WQE being executed over several passes, with every range resolved and checked at its
+/// start (the segments keep their regions mapped until it is over).
+pub(crate) struct Active {
+    wqe: WqeRepr,
+    kind: Kind,
+    src: SegList,
+    dst: SegList,
+    len: usize,
+    done: usize,
 }
 
 fn done(status: CqeStatus, len: u64) -> Exec {
@@ -76,14 +114,15 @@ fn cqe(qp: &Qp, wr_id: u64, opcode: CqeOpcode, status: CqeStatus, len: u64) -> C
     }
 }
 
-/// One pass over a QP; `true` if it did work.
-pub(crate) fn process_qp(ctx: &Ctx<'_>, qp: &Arc<Qp>) -> bool {
+/// One pass over a QP, moving at most `budget` payload bytes (the channel's budget for this
+/// pass, decremented); `true` if it did work.
+pub(crate) fn process_qp(ctx: &Ctx<'_>, qp: &Arc<Qp>, budget: &mut usize) -> bool {
     if qp.destroyed.load(Ordering::Relaxed) {
         return false;
     }
     let did = match qp.state() {
         QpState::Error => flush(qp),
-        QpState::Rts => run_sq(ctx, qp),
+        QpState::Rts => run_sq(ctx, qp, budget),
         _ => false,
     };
     hand_off_rnr(ctx, qp);
@@ -122,15 +161,18 @@ pub(crate) fn has_work(qp: &Qp, me: usize) -> (bool, bool) {
     match qp.state() {
         QpState::Error => {
             let mut s = lock(&qp.send);
-            let sq = s.pending.is_some() || s.sq.available().is_ok_and(|n| n > 0);
+            let sq =
+                s.pending.is_some() || s.active.is_some() || s.sq.available().is_ok_and(|n| n > 0);
             drop(s);
-            (
-                sq || lock(&qp.recv).rq.available().is_ok_and(|n| n > 0),
-                false,
-            )
+            let mut r = lock(&qp.recv);
+            let rq = r.reserved.is_some() || r.rq.available().is_ok_and(|n| n > 0);
+            (sq || rq, false)
         }
         QpState::Rts => {
             let mut s = lock(&qp.send);
+            if s.active.is_some() {
+                return (true, false);
+            }
             if s.pending.is_none() {
                 return (s.sq.available().is_ok_and(|n| n > 0), false);
             }
@@ -148,46 +190,68 @@ pub(crate) fn has_work(qp: &Qp, me: usize) -> (bool, bool) {
     }
 }
 
-fn run_sq(ctx: &Ctx<'_>, qp: &Arc<Qp>) -> bool {
+fn run_sq(ctx: &Ctx<'_>, qp: &Arc<Qp>, budget: &mut usize) -> bool {
     let mut s = lock(&qp.send);
     let mut did = false;
     for _ in 0..BUDGET {
         if qp.state() != QpState::Rts {
             return true;
         }
-        let wqe = match s.pending.take() {
-            Some(w) => w,
-            None => match s.sq.pop() {
-                Ok(None) => break,
-                Ok(Some(raw)) => match WqeRepr::from_bytes(&raw) {
-                    Ok(w) if w.opcode != WqeOpcode::Recv => w,
-                    _ => {
-                        s.sq.release();
-                        qp.ch.stats.op(0);
-                        qp.ch.stats.error();
-                        qp.counters.send(false, 0);
-                        let c = cqe(qp, wr_id_of(&raw), CqeOpcode::Send, CqeStatus::BadWqe, 0);
-                        let kept = qp.send_cq.complete(&c, true);
-                        qp.fail((!kept).then_some(EventKind::QpFatal));
+        if *budget == 0 {
+            break;
+        }
+        let (wqe, result) = if let Some(mut a) = s.active.take() {
+            let r = match s.peer.as_ref().and_then(Weak::upgrade) {
+                Some(peer) => step(&peer, &mut a, budget),
+                None => done(CqeStatus::RetryExceeded, 0),
+            };
+            let w = a.wqe;
+            if matches!(r, Exec::Partial) {
+                s.active = Some(a);
+            }
+            (w, r)
+        } else {
+            let wqe = match s.pending.take() {
+                Some(w) => w,
+                None => match s.sq.pop() {
+                    Ok(None) => break,
+                    Ok(Some(raw)) => match WqeRepr::from_bytes(&raw) {
+                        Ok(w) if w.opcode != WqeOpcode::Recv => w,
+                        _ => {
+                            s.sq.release();
+                            qp.ch.stats.op(0);
+                            qp.ch.stats.error();
+                            qp.counters.send(false, 0);
+                            let c = cqe(qp, wr_id_of(&raw), CqeOpcode::Send, CqeStatus::BadWqe, 0);
+                            let kept = qp.send_cq.complete(&c, true);
+                            qp.fail((!kept).then_some(EventKind::QpFatal));
+                            return true;
+                        }
+                    },
+                    Err(e) => {
+                        tracing::debug!(qp = qp.num.0, "SQ index garbage: {e}");
+                        qp.fail(Some(EventKind::QpFatal));
                         return true;
                     }
                 },
-                Err(e) => {
-                    tracing::debug!(qp = qp.num.0, "SQ index garbage: {e}");
-                    qp.fail(Some(EventKind::QpFatal));
-                    return true;
-                }
-            },
+            };
+            let r = execute(ctx, qp, &mut s, &wqe, budget);
+            (wqe, r)
         };
-        match execute(ctx, qp, &mut s, &wqe) {
+        match result {
             Exec::Blocked => {
                 s.pending = Some(wqe);
+                break;
+            }
+            Exec::Partial => {
+                did = true;
                 break;
             }
             Exec::Done { status, len } => {
                 s.sq.release();
                 did = true;
                 let ok = status == CqeStatus::Success;
+                *budget = budget.saturating_sub(if ok { len as usize } else { 0 });
                 qp.ch.stats.op(if ok { len } else { 0 });
                 if !ok {
                     qp.ch.stats.error();
@@ -210,6 +274,106 @@ fn run_sq(ctx: &Ctx<'_>, qp: &Arc<Qp>) -> bool {
     did
 }
 
+/// Starts moving a message over several passes (`len` is more than what is left of the
+/// budget); keeps it in `s.active` unless it ended at once.
+fn start(peer: &Qp, s: &mut SendSide, mut a: Active, budget: &mut usize) -> Exec {
+    let r = step(peer, &mut a, budget);
+    if matches!(r, Exec::Partial) {
+        s.active = Some(a);
+    }
+    r
+}
+
+/// Moves the next pieces of a partly executed WQE, as far as the budget goes; finishes it
+/// when all bytes are there.
+fn step(peer: &Qp, a: &mut Active, budget: &mut usize) -> Exec {
+    while a.done < a.len {
+        if *budget == 0 {
+            return Exec::Partial;
+        }
+        if peer.destroyed.load(Ordering::Relaxed)
+            || !matches!(peer.state(), QpState::Rtr | QpState::Rts)
+        {
+            return done(CqeStatus::RetryExceeded, 0);
+        }
+        let n = (*budget).min(PASS_BYTES).min(a.len - a.done);
+        if let Kind::Send = a.kind {
+            // The receive buffer is the peer's: written only while its RECV is still ours.
+            let r = lock(&peer.recv);
+            if r.reserved.is_none() {
+                return done(CqeStatus::RetryExceeded, 0);
+            }
+            mr::copy_part(&a.src, &a.dst, a.done, n);
+        } else {
+            mr::copy_part(&a.src, &a.dst, a.done, n);
+        }
+        a.done += n;
+        *budget -= n;
+    }
+    let len = a.len as u64;
+    let solicited = a.wqe.flags & flags::SOLICITED != 0;
+    let imm = matches!(
+        a.wqe.opcode,
+        WqeOpcode::SendWithImm | WqeOpcode::RdmaWriteWithImm
+    )
+    .then_some(a.wqe.imm_data);
+    let r = match a.kind {
+        Kind::Copy => done(CqeStatus::Success, len),
+        Kind::Send | Kind::WriteImm if !matches!(peer.state(), QpState::Rtr | QpState::Rts) => {
+            // The responder failed after the last piece: its flush completes the RECV.
+            done(CqeStatus::RetryExceeded, 0)
+        }
+        Kind::Send => {
+            let mut r = lock(&peer.recv);
+            let Some(raw) = r.reserved.take() else {
+                return done(CqeStatus::RetryExceeded, 0);
+            };
+            complete_recv(
+                peer,
+                r,
+                &raw,
+                CqeStatus::Success,
+                len,
+                imm,
+                solicited,
+                false,
+            );
+            done(CqeStatus::Success, len)
+        }
+        Kind::WriteImm => {
+            let mut r = lock(&peer.recv);
+            let Some(raw) = take_recv(&mut r) else {
+                return done(CqeStatus::RetryExceeded, 0);
+            };
+            let (resp, req) = match WqeRepr::from_bytes(&raw) {
+                Ok(w) if w.opcode == WqeOpcode::Recv => (CqeStatus::Success, CqeStatus::Success),
+                _ => (CqeStatus::BadWqe, CqeStatus::RemoteOperationError),
+            };
+            complete_recv(peer, r, &raw, resp, len, imm, solicited, true);
+            done(req, len)
+        }
+    };
+    // `run_sq` takes a successful WQE's bytes off the budget; these were taken piece by piece.
+    if let Exec::Done {
+        status: CqeStatus::Success,
+        ..
+    } = r
+    {
+        *budget += a.len;
+    }
+    r
+}
+
+/// The peer's next RECV: the reserved one, else the head of its RQ (consumed).
+fn take_recv(r: &mut RecvSide) -> Option<[u8; WQE_LEN]> {
+    if let Some(raw) = r.reserved.take() {
+        return Some(raw);
+    }
+    let raw = r.rq.pop().ok().flatten()?;
+    r.rq.release();
+    Some(raw)
+}
+
 /// Resolves the local SGEs of a WQE (`write`: the engine writes them).
 fn local_segs(ctx: &Ctx<'_>, qp: &Qp, data: &WqeData, write: bool) -> Result<SegList, CqeStatus> {
     let mut out: SegList = [None, None];
@@ -228,7 +392,7 @@ fn source<'a>(data: &'a WqeData, segs: &'a SegList) -> Source<'a> {
     }
 }
 
-fn execute(ctx: &Ctx<'_>, qp: &Qp, s: &mut SendSide, w: &WqeRepr) -> Exec {
+fn execute(ctx: &Ctx<'_>, qp: &Qp, s: &mut SendSide, w: &WqeRepr, budget: &mut usize) -> Exec {
     let write_local = w.opcode == WqeOpcode::RdmaRead;
     let segs = match local_segs(ctx, qp, &w.data, write_local) {
         Ok(s) => s,
@@ -244,18 +408,29 @@ fn execute(ctx: &Ctx<'_>, qp: &Qp, s: &mut SendSide, w: &WqeRepr) -> Exec {
     {
         return done(CqeStatus::RetryExceeded, 0);
     }
+    // More than this pass may move: in pieces (inline data is always small).
+    let pieces = len as usize > *budget && matches!(src, Source::Segs(_));
+    let active = |kind, src: SegList, dst: SegList| Active {
+        wqe: *w,
+        kind,
+        src,
+        dst,
+        len: len as usize,
+        done: 0,
+    };
     let solicited = w.flags & flags::SOLICITED != 0;
     match w.opcode {
-        WqeOpcode::Send => deliver(ctx, &peer, &src, None, solicited, None),
-        WqeOpcode::SendWithImm => deliver(ctx, &peer, &src, Some(w.imm_data), solicited, None),
-        WqeOpcode::RdmaWriteWithImm => deliver(
-            ctx,
-            &peer,
-            &src,
-            Some(w.imm_data),
-            solicited,
-            Some((w.remote_addr, w.rkey)),
-        ),
+        WqeOpcode::Send | WqeOpcode::SendWithImm | WqeOpcode::RdmaWriteWithImm => {
+            let imm = (w.opcode != WqeOpcode::Send).then_some(w.imm_data);
+            let write =
+                (w.opcode == WqeOpcode::RdmaWriteWithImm).then_some((w.remote_addr, w.rkey));
+            match deliver(ctx, &peer, &src, imm, solicited, write, pieces) {
+                Delivery::Now(e) => e,
+                Delivery::Pieces(kind, dst) => {
+                    start(&peer, s, active(kind, segs.clone(), dst), budget)
+                }
+            }
+        }
         WqeOpcode::RdmaWrite => {
             match ctx.keys.remote(
                 peer.ch.id,
@@ -265,6 +440,12 @@ fn execute(ctx: &Ctx<'_>, qp: &Qp, s: &mut SendSide, w: &WqeRepr) -> Exec {
                 len,
                 access::REMOTE_WRITE,
             ) {
+                Ok(dst) if pieces => start(
+                    &peer,
+                    s,
+                    active(Kind::Copy, segs.clone(), [Some(dst), None]),
+                    budget,
+                ),
                 Ok(dst) => {
                     mr::scatter(&src, &[Some(dst), None]);
                     done(CqeStatus::Success, len)
@@ -281,6 +462,12 @@ fn execute(ctx: &Ctx<'_>, qp: &Qp, s: &mut SendSide, w: &WqeRepr) -> Exec {
                 len,
                 access::REMOTE_READ,
             ) {
+                Ok(remote) if pieces => start(
+                    &peer,
+                    s,
+                    active(Kind::Copy, [Some(remote), None], segs.clone()),
+                    budget,
+                ),
                 Ok(remote) => {
                     mr::scatter(&Source::Segs(&[Some(remote), None]), &segs);
                     done(CqeStatus::Success, len)
@@ -293,8 +480,18 @@ fn execute(ctx: &Ctx<'_>, qp: &Qp, s: &mut SendSide, w: &WqeRepr) -> Exec {
     }
 }
 
+/// What [`deliver`] did.
+enum Delivery {
+    /// Executed (or blocked, or failed) now.
+    Now(Exec),
+    /// Checked and ready to move in pieces into these segments (for a SEND the RECV is
+    /// reserved at the peer).
+    Pieces(Kind, SegList),
+}
+
 /// Delivers a SEND (or the immediate of an RDMA WRITE with immediate, `write` = target) to the
-/// peer's next RECV.
+/// peer's next RECV. With `pieces`, a message that passes every check is not copied here but
+/// handed back to be moved over several passes.
 fn deliver(
     ctx: &Ctx<'_>,
     peer: &Qp,
@@ -302,36 +499,39 @@ fn deliver(
     imm: Option<u32>,
     solicited: bool,
     write: Option<(u64, u32)>,
-) -> Exec {
+    pieces: bool,
+) -> Delivery {
     let len = src.len() as u64;
     let mut r = lock(&peer.recv);
-    match r.rq.available() {
-        Err(e) => {
-            drop(r);
-            tracing::debug!(qp = peer.num.0, "RQ index garbage: {e}");
-            peer.fail(Some(EventKind::QpFatal));
-            return done(CqeStatus::RemoteOperationError, 0);
+    if r.reserved.is_none() {
+        match r.rq.available() {
+            Err(e) => {
+                drop(r);
+                tracing::debug!(qp = peer.num.0, "RQ index garbage: {e}");
+                peer.fail(Some(EventKind::QpFatal));
+                return Delivery::Now(done(CqeStatus::RemoteOperationError, 0));
+            }
+            Ok(0) => {
+                peer.rnr_waiter.store(ctx.me + 1, Ordering::SeqCst);
+                return Delivery::Now(Exec::Blocked);
+            }
+            Ok(_) => {}
         }
-        Ok(0) => {
-            peer.rnr_waiter.store(ctx.me + 1, Ordering::SeqCst);
-            return Exec::Blocked;
-        }
-        Ok(_) => {}
     }
     if let Some((addr, rkey)) = write {
         match ctx
             .keys
             .remote(peer.ch.id, peer.pd, rkey, addr, len, access::REMOTE_WRITE)
         {
+            // The RECV stays queued until the data are there (only this QP consumes it).
+            Ok(dst) if pieces => return Delivery::Pieces(Kind::WriteImm, [Some(dst), None]),
             Ok(dst) => mr::scatter(src, &[Some(dst), None]),
-            Err(st) => return done(st, 0),
+            Err(st) => return Delivery::Now(done(st, 0)),
         }
     }
-    let raw = match r.rq.pop() {
-        Ok(Some(raw)) => raw,
-        _ => return Exec::Blocked,
+    let Some(raw) = take_recv(&mut r) else {
+        return Delivery::Now(Exec::Blocked);
     };
-    r.rq.release();
     let recv = WqeRepr::from_bytes(&raw)
         .ok()
         .filter(|w| w.opcode == WqeOpcode::Recv);
@@ -344,6 +544,9 @@ fn deliver(
                 let cap: u64 = dst.iter().flatten().map(|s| s.len as u64).sum();
                 if cap < len {
                     (CqeStatus::LocalLengthError, CqeStatus::RemoteInvalidRequest)
+                } else if pieces {
+                    r.reserved = Some(raw);
+                    return Delivery::Pieces(Kind::Send, dst);
                 } else {
                     mr::scatter(src, &dst);
                     (CqeStatus::Success, CqeStatus::Success)
@@ -351,6 +554,23 @@ fn deliver(
             }
         },
     };
+    complete_recv(peer, r, &raw, resp, len, imm, solicited, write.is_some());
+    Delivery::Now(done(req, len))
+}
+
+/// Completes a RECV of `peer` (its receive lock `r` held until the CQE is written, so RECVs
+/// complete in order) and moves the peer to Error if that failed.
+#[allow(clippy::too_many_arguments)]
+fn complete_recv(
+    peer: &Qp,
+    r: MutexGuard<'_, RecvSide>,
+    raw: &[u8; WQE_LEN],
+    resp: CqeStatus,
+    len: u64,
+    imm: Option<u32>,
+    solicited: bool,
+    write: bool,
+) {
     let ok = resp == CqeStatus::Success;
     peer.ch.stats.op(if ok { len } else { 0 });
     if !ok {
@@ -359,8 +579,8 @@ fn deliver(
     peer.counters.recv(ok, len);
     let mut c = cqe(
         peer,
-        wr_id_of(&raw),
-        if write.is_some() {
+        wr_id_of(raw),
+        if write {
             CqeOpcode::RecvRdmaWithImm
         } else {
             CqeOpcode::Recv
@@ -384,7 +604,6 @@ fn deliver(
     } else if !ok {
         peer.fail(None);
     }
-    done(req, len)
 }
 
 /// Completes every outstanding WQE of an Error QP with `WrFlushError`; `true` if any.
@@ -392,7 +611,8 @@ fn flush(qp: &Qp) -> bool {
     let mut did = false;
     {
         let mut s = lock(&qp.send);
-        if let Some(w) = s.pending.take() {
+        let head = s.pending.take().or_else(|| s.active.take().map(|a| a.wqe));
+        if let Some(w) = head {
             let c = cqe(
                 qp,
                 w.wr_id,
@@ -416,6 +636,17 @@ fn flush(qp: &Qp) -> bool {
     }
     let mut r = lock(&qp.recv);
     let mut rdid = false;
+    if let Some(raw) = r.reserved.take() {
+        let c = cqe(
+            qp,
+            wr_id_of(&raw),
+            CqeOpcode::Recv,
+            CqeStatus::WrFlushError,
+            0,
+        );
+        qp.recv_cq.complete(&c, false);
+        rdid = true;
+    }
     for _ in 0..FLUSH_BUDGET {
         let Ok(Some(raw)) = r.rq.pop() else { break };
         let c = cqe(

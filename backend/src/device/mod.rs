@@ -19,6 +19,9 @@
 //! * Handles ([`PdId`], [`MrHandle`], [`CqId`], [`QpNum`]) are unique on this device and never 0;
 //!   every call checks that the handle belongs to the calling channel, so the daemon may hand
 //!   them to the guest as they are. QP numbers are the RC endpoint addresses of this backend.
+//!   Handles are not sequential (a keyed permutation of a counter, so one domain's numbers say
+//!   nothing about another's), and a live handle is never handed out again, also after the
+//!   counter wraps.
 //! * Doorbell slots are chosen by the daemon (it returns them to the guest) and checked here:
 //!   in range, not in use by another queue of the channel.
 //! * Async events (QP fatal, CQ overrun, QP established/disconnected) are written by the device
@@ -32,8 +35,12 @@
 //!
 //! * Connection model: intra-host only. [`Device::connect_qp`] pairs two RC QPs of this backend
 //!   (any channels, any domains); when both ends have named each other, both go to RTS and each
-//!   channel gets a `QpEstablished` event. Destroying a QP (or closing its channel) moves its
-//!   peer to Error (flush) and sends the peer `QpDisconnected`.
+//!   channel gets a `QpEstablished` event. Until then the connection does not exist: naming a
+//!   QP records the name on the caller's QP only (which waits in Rtr), and whether the named QP
+//!   exists, belongs to another domain or named a third QP, the answer is the same `Ok` and
+//!   wait — QP numbers are no oracle. Destroying a *connected* QP (or closing its channel)
+//!   moves its peer to Error (flush) and sends the peer `QpDisconnected`; destroying a QP that
+//!   only named another touches nothing but itself.
 //! * Per-QP ordering: WQEs execute and complete in SQ order; receives are consumed in RQ order.
 //! * No RNR: a SEND (or WRITE with immediate) that finds no posted RECV at the peer waits, with
 //!   the sending QP blocked in order, until a RECV is posted — what an RC QP with infinite RNR
@@ -65,6 +72,14 @@
 //!   numbered across pages), so a process is not limited to the 31 slots of one page.
 //! * Mediated mode writes the send and receive queues' consumer indexes to the guest's doorbell
 //!   page too (producer indexes stay private), so the frontend sees its queue slots free up.
+//! * Isolation (issue 10; not additive): `connect_qp` answers `Ok` and leaves the QP waiting in
+//!   Rtr for any remote number (before: `ConnectionRefused` for a number that named no QP), and
+//!   only a connected QP's destroy touches its peer. Handles are no longer sequential; memory
+//!   keys are `number << 1 | remote` from a 31-bit counter instead of slot and generation.
+//! * Fairness (issue 10): each engine pass lets a channel move at most 8 KiB while channels
+//!   share the engine (256 KiB while one is alone); longer messages move in pieces over several
+//!   passes (completions stay in order per QP). An engine spins
+//!   only after it did work: a kick that finds nothing to do buys one look, not a spin.
 
 mod engine;
 mod exec;

@@ -1,11 +1,16 @@
 //! Memory regions: the key table and the translation of SGEs and (rkey, address) pairs into
 //! checked byte ranges of mapped guest memory.
 //!
-//! Keys are `index << 8 | generation << 1 | remote`: bit 0 tells an rkey from an lkey, the
-//! generation (1..=127) makes a stale key of a deregistered region miss instead of naming the
-//! region registered next in the same slot. Every lookup checks the key's owner (channel and
-//! PD) and the access the operation needs; bounds are checked with overflow-free arithmetic.
+//! Keys are `number << 1 | remote`: bit 0 tells an rkey from an lkey, the number (31 bits,
+//! never 0) comes from a device-wide counter that skips numbers still registered. A region's
+//! keys are therefore not reused when it is deregistered: a stale key misses until the counter
+//! has come round, i.e. for 2^31 minus (regions registered) further registrations — far more
+//! than 2^24, whatever the order regions come and go in. Every lookup checks the key's owner
+//! (channel and PD) and the access the operation needs; bounds are checked with overflow-free
+//! arithmetic.
 
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, RwLock};
 
 use shared_ring::abi::control::access;
@@ -83,6 +88,19 @@ struct Cursor<'a> {
 }
 
 impl<'a> Cursor<'a> {
+    /// A cursor `from` bytes into `segs`.
+    fn skip(segs: &'a [Option<Seg>], from: usize) -> Self {
+        let mut c = Cursor { segs, i: 0, at: 0 };
+        let mut left = from;
+        while left > 0 {
+            let Some((_, _, n)) = c.next_chunk(left) else {
+                break;
+            };
+            left -= n;
+        }
+        c
+    }
+
     /// The next chunk of at most `max` bytes: (segment, offset in it, length).
     fn next_chunk(&mut self, max: usize) -> Option<(&'a Seg, usize, usize)> {
         let seg = loop {
@@ -135,18 +153,63 @@ pub(crate) fn scatter(src: &Source<'_>, dst: &[Option<Seg>]) {
     }
 }
 
-const GEN_MAX: u8 = 127;
+/// Copies bytes `[from, from + len)` of the message `src` (segments in order) to the same
+/// bytes of `dst`: one piece of a message moved in several passes. Both lists were resolved
+/// and checked to hold at least `from + len` bytes.
+pub(crate) fn copy_part(src: &[Option<Seg>], dst: &[Option<Seg>], from: usize, len: usize) {
+    let mut s = Cursor::skip(src, from);
+    let mut d = Cursor::skip(dst, from);
+    let mut left = len;
+    while left > 0 {
+        let Some((seg, at, n)) = s.next_chunk(left) else {
+            return;
+        };
+        let mut off = 0;
+        while off < n {
+            let Some((dseg, dat, dn)) = d.next_chunk(n - off) else {
+                return;
+            };
+            dseg.copy_from(dat, seg, at + off, dn);
+            off += dn;
+        }
+        left -= n;
+    }
+}
+
+/// Key numbers are 31 bits (bit 0 of a key is the remote bit).
+const KEY_NUMBERS: u32 = 1 << 31;
+
+/// Hash of a key number: Fibonacci hashing, so the table's high and low hash bits both vary
+/// (the numbers are dense and come from our counter; lookups of guest-chosen keys just miss).
+#[derive(Default)]
+pub(crate) struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 = u64::from(n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
 
 #[derive(Debug, Default)]
-struct Slots {
-    slots: Vec<(u8, Option<Arc<Mr>>)>,
-    free: Vec<u32>,
+struct Keys {
+    /// Registered regions by key number.
+    live: HashMap<u32, Arc<Mr>, BuildHasherDefault<KeyHasher>>,
+    /// The last key number handed out (modulo 2^31).
+    counter: u32,
 }
 
 /// All regions of the device, by key.
 #[derive(Debug, Default)]
 pub(crate) struct KeyTable {
-    inner: RwLock<Slots>,
+    inner: RwLock<Keys>,
 }
 
 /// What to register (checked by the caller against limits).
@@ -163,19 +226,17 @@ pub(crate) struct NewMr {
 impl KeyTable {
     pub(crate) fn insert(&self, m: NewMr, max: usize) -> Option<Arc<Mr>> {
         let mut t = self.inner.write().unwrap_or_else(|e| e.into_inner());
-        let idx = match t.free.pop() {
-            Some(i) => i,
-            None => {
-                if t.slots.len() >= max.min(1 << 24) {
-                    return None;
-                }
-                t.slots.push((0, None));
-                (t.slots.len() - 1) as u32
+        if t.live.len() >= max.min(1 << 24) {
+            return None;
+        }
+        // Terminates: fewer than 2^24 numbers are live.
+        let number = loop {
+            t.counter = (t.counter + 1) % KEY_NUMBERS;
+            if t.counter != 0 && !t.live.contains_key(&t.counter) {
+                break t.counter;
             }
         };
-        let slot = &mut t.slots[idx as usize];
-        slot.0 = if slot.0 >= GEN_MAX { 1 } else { slot.0 + 1 };
-        let lkey = (idx << 8) | (u32::from(slot.0) << 1);
+        let lkey = number << 1;
         let mr = Arc::new(Mr {
             ch: m.ch,
             pd: m.pd,
@@ -187,25 +248,27 @@ impl KeyTable {
             iova: m.iova,
             access: m.access,
         });
-        slot.1 = Some(mr.clone());
+        t.live.insert(number, mr.clone());
         Some(mr)
     }
 
     pub(crate) fn remove(&self, lkey: u32) {
         let mut t = self.inner.write().unwrap_or_else(|e| e.into_inner());
-        let idx = lkey >> 8;
-        if let Some(slot) = t.slots.get_mut(idx as usize) {
-            if slot.1.as_ref().is_some_and(|m| m.lkey == lkey) {
-                slot.1 = None;
-                t.free.push(idx);
-            }
+        let number = lkey >> 1;
+        if t.live.get(&number).is_some_and(|m| m.lkey == lkey) {
+            t.live.remove(&number);
         }
+    }
+
+    /// Test support: the next key number is `counter + 1` (modulo 2^31).
+    pub(crate) fn set_counter(&self, counter: u32) {
+        let mut t = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        t.counter = counter % KEY_NUMBERS;
     }
 
     fn get(&self, key: u32) -> Option<Arc<Mr>> {
         let t = self.inner.read().unwrap_or_else(|e| e.into_inner());
-        let (_, mr) = t.slots.get((key >> 8) as usize)?;
-        let mr = mr.as_ref()?;
+        let mr = t.live.get(&(key >> 1))?;
         (mr.lkey == key || mr.rkey == key).then(|| mr.clone())
     }
 

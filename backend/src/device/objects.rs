@@ -11,13 +11,14 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use shared_ring::abi::control::QpState;
 use shared_ring::abi::cqe::{CqeRepr, CqeStatus, CQE_LEN};
 use shared_ring::abi::event::{EventKind, EventRepr, EVENT_LEN};
-use shared_ring::abi::wqe::WqeRepr;
+use shared_ring::abi::wqe::{WqeRepr, WQE_LEN};
 use shared_ring::cq::{CqPoller, CqWriter};
 use shared_ring::doorbell::{CqDoorbell, DoorbellError, DoorbellPage, EngineSleep, QueueDoorbell};
 use shared_ring::queue::Producer;
 use shared_ring::WqConsumer;
 
 use super::engine::EngineShared;
+use super::exec::Active;
 use super::stats::{ChanStats, QpCounters};
 use super::{ChannelId, ChannelMode, CqId, DomId, Notifier, PdId, QpNum};
 
@@ -262,6 +263,9 @@ pub(crate) struct SendSide {
     pub(crate) sq: WqConsumer,
     /// The head WQE, copied out and parsed, waiting for a RECV at the peer.
     pub(crate) pending: Option<WqeRepr>,
+    /// The head WQE, partly executed: a message larger than one pass's byte budget moves over
+    /// several passes (the SQ waits behind it, so completions stay in order).
+    pub(crate) active: Option<Active>,
     pub(crate) peer: Option<Weak<Qp>>,
     pub(crate) peer_num: Option<QpNum>,
 }
@@ -269,6 +273,10 @@ pub(crate) struct SendSide {
 /// Receive-side state of a QP (used by whichever engine delivers to it).
 pub(crate) struct RecvSide {
     pub(crate) rq: WqConsumer,
+    /// A RECV taken off the queue for a SEND that is still being copied in over several
+    /// passes (the receive lock is held per piece, not across the message). It completes
+    /// before any later RECV: with the message, or flushed if this QP goes to Error first.
+    pub(crate) reserved: Option<[u8; WQE_LEN]>,
 }
 
 /// A queue pair.
@@ -316,10 +324,11 @@ impl Qp {
             send: Mutex::new(SendSide {
                 sq,
                 pending: None,
+                active: None,
                 peer: None,
                 peer_num: None,
             }),
-            recv: Mutex::new(RecvSide { rq }),
+            recv: Mutex::new(RecvSide { rq, reserved: None }),
             rnr_waiter: AtomicUsize::new(0),
             destroyed: AtomicBool::new(false),
             counters: QpCounters::default(),

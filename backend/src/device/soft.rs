@@ -4,7 +4,9 @@
 //! `Arc`s of the objects and the key table, so a destroy only has to unlink an object and tell
 //! the engine, and memory stays mapped until the last in-flight use is over.
 
+use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, HashSet};
+use std::hash::BuildHasher;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -42,7 +44,9 @@ struct Inner {
 
 #[derive(Default)]
 struct Tables {
-    next_id: u32,
+    handles: Handles,
+    /// Channels are spread over the engines round-robin in the order they open.
+    next_engine: usize,
     channels: HashMap<ChannelId, ChanEntry>,
     qps: HashMap<QpNum, Arc<Qp>>,
     domains: HashMap<DomId, Arc<Counters>>,
@@ -53,8 +57,57 @@ struct Tables {
 
 impl Tables {
     fn id(&mut self) -> u32 {
-        self.next_id = self.next_id.wrapping_add(1).max(1);
-        self.next_id
+        self.handles.take()
+    }
+}
+
+/// The handles of a device: channels, PDs, MRs, CQs and QPs share one space, so a handle names
+/// one object of one kind. A handle is a keyed permutation (a 4-round Feistel network over
+/// 32 bits, keyed per device with std's random SipHash keys) of a counter: unique until the
+/// counter wraps, and not sequential, so a guest cannot guess another domain's QP numbers from
+/// its own. After the counter wraps, values still live are skipped: a live handle is never
+/// handed out twice.
+struct Handles {
+    counter: u32,
+    key: RandomState,
+    live: HashSet<u32>,
+}
+
+impl Default for Handles {
+    fn default() -> Self {
+        Self {
+            counter: 0,
+            key: RandomState::new(),
+            live: HashSet::new(),
+        }
+    }
+}
+
+impl Handles {
+    fn permute(&self, x: u32) -> u32 {
+        let (mut l, mut r) = ((x >> 16) as u16, x as u16);
+        for round in 0u8..4 {
+            let f = self.key.hash_one((round, r)) as u16;
+            (l, r) = (r, l ^ f);
+        }
+        (u32::from(l) << 16) | u32::from(r)
+    }
+
+    /// A fresh handle: never 0, never one that is live. Terminates because the live handles
+    /// are bounded by the device limits, far below 2^32.
+    fn take(&mut self) -> u32 {
+        loop {
+            self.counter = self.counter.wrapping_add(1);
+            let h = self.permute(self.counter);
+            if h != 0 && self.live.insert(h) {
+                return h;
+            }
+        }
+    }
+
+    /// The object named `h` is gone: the handle may be reused once the counter comes round.
+    fn release(&mut self, h: u32) {
+        self.live.remove(&h);
     }
 }
 
@@ -154,6 +207,20 @@ impl SoftDevice {
         })
     }
 
+    /// Test support: the handle counter continues after `counter` (so a test can make it wrap
+    /// with objects still live). Handles stay unique; only which ones come next changes.
+    #[doc(hidden)]
+    pub fn set_handle_counter(&self, counter: u32) {
+        self.tables().handles.counter = counter;
+    }
+
+    /// Test support: the memory-key counter continues after `counter` (keys are counted modulo
+    /// 2^31), so a test can make it wrap with regions still registered.
+    #[doc(hidden)]
+    pub fn set_key_counter(&self, counter: u32) {
+        self.inner.keys.set_counter(counter);
+    }
+
     fn tables(&self) -> MutexGuard<'_, Tables> {
         lock(&self.inner.tables)
     }
@@ -227,6 +294,7 @@ impl Inner {
     /// Unlinks a QP; its peer goes to Error with `QpDisconnected`.
     fn destroy_qp_locked(&self, t: &mut Tables, ch: ChannelId, num: QpNum) {
         let Some(qp) = t.qps.remove(&num) else { return };
+        t.handles.release(num.0);
         if let Some(e) = t.channels.get_mut(&ch) {
             if let Some((sq, rq)) = e.qps.remove(&num) {
                 e.slots.remove(&sq);
@@ -285,7 +353,8 @@ impl Device for SoftDevice {
             dom,
         };
         stats.acquire(Held::Channel);
-        let engine = self.inner.engines[id.0 as usize % self.inner.engines.len()].clone();
+        let engine = self.inner.engines[t.next_engine % self.inner.engines.len()].clone();
+        t.next_engine = t.next_engine.wrapping_add(1);
         let ch = Arc::new(Channel::new(
             id,
             setup.domid,
@@ -327,19 +396,23 @@ impl Device for SoftDevice {
         let Some(e) = t.channels.remove(&ch) else {
             return;
         };
-        for mr in e.mrs.values() {
+        for (h, mr) in &e.mrs {
             self.inner.keys.remove(mr.lkey);
             c.stats.release(Held::Mr(mr.len));
+            t.handles.release(h.0);
         }
         t.mr_count -= e.mrs.len();
-        for _ in e.cqs.values() {
+        for h in e.cqs.keys() {
             c.stats.release(Held::Cq);
+            t.handles.release(h.0);
         }
         t.cq_count -= e.cqs.len();
-        for _ in e.pds.keys() {
+        for h in e.pds.keys() {
             c.stats.release(Held::Pd);
+            t.handles.release(h.0);
         }
         t.pd_count -= e.pds.len();
+        t.handles.release(ch.0);
         c.stats.release(Held::Channel);
         drop(t);
         lock(&c.qps).clear();
@@ -380,6 +453,7 @@ impl Device for SoftDevice {
         if t.pd_count >= self.inner.attrs.max_pd as usize {
             return Err(DeviceError::NoResources("protection domains"));
         }
+        entry(&mut t, ch)?;
         let id = PdId(t.id());
         let e = entry(&mut t, ch)?;
         e.pds.insert(id, 0);
@@ -399,6 +473,7 @@ impl Device for SoftDevice {
         e.pds.remove(&pd);
         e.ch.stats.release(Held::Pd);
         t.pd_count -= 1;
+        t.handles.release(pd.0);
         Ok(())
     }
 
@@ -409,7 +484,6 @@ impl Device for SoftDevice {
         if t.mr_count >= max_mr {
             return Err(DeviceError::NoResources("memory regions"));
         }
-        let handle = MrHandle(t.id());
         let e = entry(&mut t, ch)?;
         if !e.pds.contains_key(&s.pd) {
             return Err(bad("PD", s.pd.0));
@@ -448,6 +522,8 @@ impl Device for SoftDevice {
                 max_mr,
             )
             .ok_or(DeviceError::NoResources("memory keys"))?;
+        let handle = MrHandle(t.id());
+        let e = entry(&mut t, ch)?;
         let keys = MrKeys {
             handle,
             lkey: mr.lkey,
@@ -470,6 +546,7 @@ impl Device for SoftDevice {
         }
         e.ch.stats.release(Held::Mr(m.len));
         t.mr_count -= 1;
+        t.handles.release(mr.0);
         Ok(())
     }
 
@@ -479,7 +556,6 @@ impl Device for SoftDevice {
         if t.cq_count >= self.inner.attrs.max_cq as usize {
             return Err(DeviceError::NoResources("completion queues"));
         }
-        let id = CqId(t.id());
         let e = entry(&mut t, ch)?;
         if s.ring.len() < n * CQE_LEN {
             return Err(inval(format!(
@@ -504,6 +580,8 @@ impl Device for SoftDevice {
                 return Err(inval(err.to_string()));
             }
         };
+        let id = CqId(t.id());
+        let e = entry(&mut t, ch)?;
         let cq = Arc::new(Cq {
             id,
             ch: e.ch.clone(),
@@ -532,6 +610,7 @@ impl Device for SoftDevice {
         }
         e.ch.stats.release(Held::Cq);
         t.cq_count -= 1;
+        t.handles.release(cq.0);
         Ok(())
     }
 
@@ -546,7 +625,6 @@ impl Device for SoftDevice {
         if t.qps.len() >= attrs.max_qp as usize {
             return Err(DeviceError::NoResources("queue pairs"));
         }
-        let num = QpNum(t.id());
         let e = entry(&mut t, ch)?;
         if !e.pds.contains_key(&s.pd) {
             return Err(bad("PD", s.pd.0));
@@ -580,6 +658,8 @@ impl Device for SoftDevice {
                 return Err(err);
             }
         };
+        let num = QpNum(t.id());
+        let e = entry(&mut t, ch)?;
         let qp = Arc::new(Qp::new(
             num,
             e.ch.clone(),
@@ -656,11 +736,6 @@ impl Device for SoftDevice {
             return Err(bad("QP", qp.0));
         }
         let q = t.qps.get(&qp).ok_or(bad("QP", qp.0))?.clone();
-        let r = t
-            .qps
-            .get(&remote)
-            .cloned()
-            .ok_or(DeviceError::ConnectionRefused(qp.0, "no such remote QP"))?;
         if !matches!(q.state(), QpState::Reset | QpState::Init | QpState::Rtr) {
             return Err(DeviceError::ConnectionRefused(qp.0, "QP is not in Init"));
         }
@@ -671,25 +746,33 @@ impl Device for SoftDevice {
                 "QP is already connected",
             ));
         }
+        // Only the caller's QP records anything: the name it gave. Whether `remote` exists,
+        // belongs to someone else or named a third QP, the answer is the same (the QP waits in
+        // Rtr), so QP numbers are no oracle, and a half-open end has no handle on the other QP.
         s.peer_num = Some(remote);
-        s.peer = Some(Arc::downgrade(&r));
         q.set_state(QpState::Rtr);
-        let established = if qp == remote {
-            true
+        let r = if qp == remote {
+            Some(q.clone())
         } else {
-            let rs = lock(&r.send);
-            rs.peer_num == Some(qp) && r.state() == QpState::Rtr
+            t.qps
+                .get(&remote)
+                .cloned()
+                .filter(|r| lock(&r.send).peer_num == Some(qp) && r.state() == QpState::Rtr)
         };
+        let Some(r) = r else { return Ok(()) };
+        // Both ends named each other: the connection is real from here on.
+        s.peer = Some(Arc::downgrade(&r));
         drop(s);
+        if qp != remote {
+            lock(&r.send).peer = Some(Arc::downgrade(&q));
+        }
         drop(t);
-        if established {
-            for (a, b) in [(&q, &r), (&r, &q)] {
-                a.set_state(QpState::Rts);
-                a.ch.event(EventKind::QpEstablished, a.num.0, u64::from(b.num.0));
-                a.ch.engine.wake();
-                if qp == remote {
-                    break;
-                }
+        for (a, b) in [(&q, &r), (&r, &q)] {
+            a.set_state(QpState::Rts);
+            a.ch.event(EventKind::QpEstablished, a.num.0, u64::from(b.num.0));
+            a.ch.engine.wake();
+            if qp == remote {
+                break;
             }
         }
         Ok(())
