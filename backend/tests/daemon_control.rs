@@ -336,3 +336,68 @@ fn requests_before_init_and_bad_versions() {
     assert_eq!(&rsp[..6], &slot[..6]);
     assert_eq!(rsp[8], Status::BadRequest as u8);
 }
+
+#[test]
+fn a_connect_nobody_answers_is_refused_at_its_deadline_whoever_the_remote_is() {
+    let bench = Bench::new();
+    let (svc, account) = bench.service(Quotas::default());
+    let mut svc = svc.with_connect_timeout(std::time::Duration::from_millis(200));
+    assert_eq!(
+        call(&mut svc, 1, Request::Init { version: 1 }).status,
+        Status::Ok
+    );
+    let pd = handle_of(&call(&mut svc, 2, Request::AllocPd));
+    let cq = handle_of(&call(&mut svc, 3, Request::CreateCq { cqe_log2: 2 }));
+    let qp = |svc: &mut ControlService, id| {
+        handle_of(&call(
+            svc,
+            id,
+            Request::CreateQp {
+                pd,
+                send_cq: cq,
+                recv_cq: cq,
+                sq_log2: 2,
+                rq_log2: 2,
+            },
+        ))
+    };
+    let (a, b) = (qp(&mut svc, 4), qp(&mut svc, 5));
+    // `a` names a QP number nobody has; `b` names `a`, which named someone else.
+    for (id, (q, remote)) in [(6, (a, a ^ 0x5a5a_5a5a)), (7, (b, a))] {
+        let slot = RequestRepr {
+            req_id: id,
+            request: Request::Connect {
+                qp: q,
+                port: 0,
+                addr: [0; 16],
+                remote_qpn: remote,
+            },
+        }
+        .to_bytes();
+        assert!(svc.handle(&slot).is_none(), "Connect is answered later");
+    }
+    assert!(svc.poll_pending().is_empty(), "nothing is due yet");
+    let deadline = svc.next_deadline().expect("two connects wait");
+    std::thread::sleep(deadline.saturating_duration_since(std::time::Instant::now()));
+    let answers: Vec<ResponseRepr> = svc
+        .poll_pending()
+        .iter()
+        .map(|r| ResponseRepr::parse(r).unwrap())
+        .collect();
+    assert_eq!(answers.len(), 2, "{answers:?}");
+    for r in &answers {
+        assert_eq!(r.op, Op::Connect);
+        assert_eq!(r.status, Status::ConnectionRefused, "{r:?}");
+    }
+    assert!(svc.next_deadline().is_none());
+    // The timed-out QPs are in Error: they cannot be paired later.
+    let ch = svc.device_channel().expect("initialised");
+    for q in [a, b] {
+        assert_eq!(
+            bench.device.qp_state(ch, vrdma_backend::device::QpNum(q)),
+            Ok(shared_ring::abi::control::QpState::Error)
+        );
+    }
+    svc.reclaim(&CloseReason::ProcessDied);
+    assert!(account.usage().is_zero(), "{:?}", account.usage());
+}

@@ -69,7 +69,7 @@ fn a_guest_exhausting_its_pages_leaves_the_others_working() {
     );
     let used: u64 = s
         .dom0
-        .read_string(&s.backend_node(a, "stats/granted-pages"))
+        .read_string(&s.stats_node(a, "granted-pages"))
         .unwrap()
         .parse()
         .unwrap();

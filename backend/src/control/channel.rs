@@ -115,7 +115,14 @@ impl Running {
                 break None;
             }
             // With requests left over, only look for events; otherwise sleep until one.
-            let timeout = more.then_some(Duration::ZERO);
+            let timeout = if more {
+                Some(Duration::ZERO)
+            } else {
+                // A waiting Connect is answered at its deadline even if nothing else happens.
+                self.service
+                    .next_deadline()
+                    .map(|d| d.saturating_duration_since(std::time::Instant::now()))
+            };
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() != std::io::ErrorKind::Interrupted {
                     break Some(ChannelFault::Protocol(format!(

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use shared_ring::abi::control::{
     access, field, ChannelStats, Op, Reply, Request, RequestRepr, ResponseRepr, Status,
@@ -88,12 +89,19 @@ enum Kind {
     Qp,
 }
 
-/// A `Connect` answered when the QP is connected (or cannot be).
+/// A `Connect` answered when the QP is connected (or cannot be, or its time is up).
 #[derive(Debug, Clone, Copy)]
 struct PendingConnect {
     req_id: u32,
     qp: QpNum,
+    deadline: Instant,
 }
+
+/// How long a `Connect` waits for the remote QP to name this one back. Past it the answer is
+/// `ConnectionRefused` and the QP goes to Error, whether the remote QP is missing, another
+/// domain's or connecting elsewhere: the three look the same (no QP-number oracle), and a
+/// guest that named a wrong QP learns it instead of waiting forever.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The control service of one channel.
 pub struct ControlService {
@@ -116,6 +124,7 @@ pub struct ControlService {
     /// Directory pages describing queue pages to the guest, kept while the object lives.
     dir_pages: BTreeMap<(Kind, u32), Vec<SharedRegion>>,
     pending: Vec<PendingConnect>,
+    connect_timeout: Duration,
     control_requests: u64,
     /// Grants of the channel's doorbell pages, page 0 (the `Init` page) first.
     doorbell_grefs: Vec<u32>,
@@ -159,6 +168,7 @@ impl ControlService {
             table: ChannelTable::default(),
             dir_pages: BTreeMap::new(),
             pending: Vec::new(),
+            connect_timeout: CONNECT_TIMEOUT,
             control_requests: 0,
             doorbell_grefs: Vec::new(),
             last_refusal: None,
@@ -170,6 +180,17 @@ impl ControlService {
     pub fn with_budget(mut self, budget: Arc<HostBudget>) -> ControlService {
         self.budget = budget;
         self
+    }
+
+    /// How long a `Connect` waits for its remote QP (default [`CONNECT_TIMEOUT`]).
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> ControlService {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// When the earliest waiting `Connect` times out, if any waits.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.pending.iter().map(|p| p.deadline).min()
     }
 
     /// Pages granted to the guest for this channel now.
@@ -233,10 +254,20 @@ impl ControlService {
         };
         let mut out = Vec::new();
         let device = self.device.clone();
+        let now = Instant::now();
         self.pending.retain(|p| {
             let status = match device.qp_state(ch, p.qp) {
                 Ok(shared_ring::abi::control::QpState::Rts) => Status::Ok,
                 Ok(shared_ring::abi::control::QpState::Error) => Status::ConnectionRefused,
+                Ok(_) if now >= p.deadline => {
+                    // Nobody named this QP back in time: it will not be paired later either.
+                    if let Err(e) =
+                        device.modify_qp(ch, p.qp, shared_ring::abi::control::QpState::Error)
+                    {
+                        tracing::debug!("timed-out connect of QP {}: {e}", p.qp.0);
+                    }
+                    Status::ConnectionRefused
+                }
                 Ok(_) => return true,
                 Err(e) => e.status(),
             };
@@ -312,6 +343,7 @@ impl ControlService {
                         self.pending.push(PendingConnect {
                             req_id,
                             qp: QpNum(qp),
+                            deadline: Instant::now() + self.connect_timeout,
                         });
                         None
                     }
