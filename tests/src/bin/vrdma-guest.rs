@@ -4,7 +4,9 @@
 //! `err <message>`. Objects are named by the test.
 //!
 //! ```text
-//! open [bypass|mediated]             -> ok <domid> <channel>
+//! open [bypass|mediated]             -> ok <domid> <channel>   (closes an open one first)
+//! close                              -> ok            (drops every object and the channel)
+//! cycle <n> [bypass|mediated]        -> ok <n>        (n back-to-back open + AllocPd + close)
 //! cq <name> <entries>                -> ok <handle>
 //! qp <name> <send-cq> <recv-cq> <sq> <rq>   -> ok <endpoint>
 //! mr <name> <len>                    -> ok <remote addr:len:rkey>
@@ -95,17 +97,30 @@ impl Guest {
     fn run(&mut self, a: &[&str]) -> Result<String> {
         match a[0] {
             "open" => {
-                let mut b = Context::builder();
-                match a.get(1) {
-                    Some(&"mediated") => b = b.mode(Mode::Mediated),
-                    Some(&"bypass") => b = b.mode(Mode::Bypass),
-                    _ => {}
-                }
-                let ctx = b.open()?;
+                // Objects of an earlier (lost) channel go first: this is a reopen.
+                *self = Guest::default();
+                let ctx = builder(a.get(1))?.open()?;
                 let out = format!("{} {}", ctx.domid().0, ctx.channel());
                 self.pd = Some(ctx.alloc_pd()?);
                 self.ctx = Some(ctx);
                 Ok(out)
+            }
+            "close" => {
+                *self = Guest::default();
+                Ok(String::new())
+            }
+            "cycle" => {
+                let n: u32 = num(a, 1)?;
+                for i in 0..n {
+                    let ctx = builder(a.get(2))?
+                        .open()
+                        .with_context(|| format!("open {} of {n}", i + 1))?;
+                    drop(
+                        ctx.alloc_pd()
+                            .with_context(|| format!("AllocPd on open {} of {n}", i + 1))?,
+                    );
+                }
+                Ok(n.to_string())
             }
             "cq" => {
                 let cq = self.ctx()?.create_cq(num(a, 2)?)?;
@@ -281,6 +296,17 @@ impl Guest {
             other => bail!("unknown command {other:?}"),
         }
     }
+}
+
+/// A context builder for the mode named by `arg` (`bypass`, `mediated`, or the default).
+fn builder(arg: Option<&&str>) -> Result<vrdma::ContextBuilder> {
+    let b = Context::builder();
+    Ok(match arg {
+        Some(&"mediated") => b.mode(Mode::Mediated),
+        Some(&"bypass") => b.mode(Mode::Bypass),
+        None => b,
+        Some(other) => bail!("unknown mode {other:?}"),
+    })
 }
 
 /// SEND ping-pong: each side keeps one receive posted; `first` sends first. Returns the mean
