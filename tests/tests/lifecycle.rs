@@ -92,8 +92,9 @@ fn back_to_back_channels_of_several_processes_are_never_refused() {
     g.cmd("cq c 4");
 }
 
-/// SIGKILL of the backend under traffic: a guest spinning on a CQ (bypass), one blocked in a
-/// wait (mediated: a control call per poll), and one blocked in a wait (bypass) all get
+/// SIGKILL of the backend under traffic: a guest RDMA WRITEing in a loop (bypass, spinning on
+/// its CQ), one blocked in a wait (mediated: a control call per poll), and one blocked in a
+/// wait (bypass) all get
 /// "device lost" within [`LOST_WITHIN`] (the measured times are printed); after a new backend
 /// starts, the guests reopen the device, reconnect, and move verified data.
 #[test]
@@ -116,15 +117,16 @@ fn a_killed_backend_is_device_lost_and_guests_reconnect_to_a_new_one() {
     verified_transfer(&mut a, &mut b, &rb, 1);
     c.cmd("cq c 4");
 
-    // a spins on its CQ, b and c block in waits; nothing will complete.
-    a.send_only("poll c 1 60000");
+    // Traffic: a RDMA WRITEs to b in a loop, spinning on its CQ; b and c block in waits.
+    a.send_only(&format!("loop q c m 4096 {rb}"));
+    assert_eq!(a.reply(), Ok("looping".into()));
     b.send_only("wait c 1 60000");
     c.send_only("wait c 1 60000");
     std::thread::sleep(Duration::from_millis(300));
     let t0 = Instant::now();
     lab.kill_backend();
     for (name, g) in [
-        ("a (bypass, spinning poll)", &mut a),
+        ("a (bypass, WRITE loop)", &mut a),
         ("b (mediated, wait)", &mut b),
         ("c (bypass, blocked wait)", &mut c),
     ] {

@@ -22,7 +22,8 @@
 //! poll <cq> <n> <timeout_ms>         -> ok <wc>;<wc>... (busy-polls until n or timeout)
 //! wait <cq> <n> <timeout_ms>         -> ok <wc>;...    (blocking waits on the event channel)
 //! pingpong <qp> <cq> <mr> <len> <iters> <role:first|second>  -> ok <ns per round trip>
-//! loop <qp> <cq> <mr> <len>          -> (sends forever; for kill tests; prints "ok looping")
+//! loop <qp> <cq> <mr> <len> [remote] -> (SENDs, or RDMA WRITEs to `remote`, forever; for kill
+//!                                        tests; prints "ok looping", then "err ..." when it fails)
 //! burst <qp> <mr> <len> <n>         -> ok            (n SENDs back to back)
 //! notifications                      -> ok <n>
 //! drop <name>                        -> ok
@@ -397,10 +398,12 @@ fn main() {
     drop(g);
 }
 
-/// Sends `len`-byte messages on `qp` forever (the peer must keep receives posted), reporting
-/// `ok looping` once the first completion arrived. Only returns on error.
+/// Sends `len`-byte messages on `qp` forever (the peer must keep receives posted), or RDMA
+/// WRITEs them to `remote` if given, reporting `ok looping` once the first completion
+/// arrived. Only returns on error.
 fn send_loop(g: &mut Guest, a: &[&str], out: &mut std::io::Stdout) -> Result<()> {
     let len: usize = num(a, 4)?;
+    let remote: Option<RemoteMr> = a.get(5).map(|r| r.parse()).transpose()?;
     let mr = g.mrs.get(a[3]).context("no MR")?;
     let qp = g.qps.get_mut(a[1]).context("no QP")?;
     let cq = g.cqs.get_mut(a[2]).context("no CQ")?;
@@ -410,7 +413,11 @@ fn send_loop(g: &mut Guest, a: &[&str], out: &mut std::io::Stdout) -> Result<()>
     let mut i = 0u64;
     loop {
         while outstanding < 8 {
-            match qp.post_send(&[mr.slice(0..len)], i) {
+            let posted = match remote {
+                Some(r) => qp.post_write(&[mr.slice(0..len)], r, i),
+                None => qp.post_send(&[mr.slice(0..len)], i),
+            };
+            match posted {
                 Ok(()) => {
                     outstanding += 1;
                     i += 1;
