@@ -300,8 +300,16 @@ impl Guest {
 }
 
 /// A context builder for the mode named by `arg` (`bypass`, `mediated`, or the default).
+/// `VRDMA_GUEST_TIMEOUT_S` overrides the handshake and control timeout (the Xen lab under a
+/// loaded TCG host needs more than the default 10 s).
 fn builder(arg: Option<&&str>) -> Result<vrdma::ContextBuilder> {
-    let b = Context::builder();
+    let mut b = Context::builder();
+    if let Ok(v) = std::env::var("VRDMA_GUEST_TIMEOUT_S") {
+        let s: u64 = v
+            .parse()
+            .map_err(|_| anyhow!("VRDMA_GUEST_TIMEOUT_S={v:?} is not a number of seconds"))?;
+        b = b.timeout(Duration::from_secs(s));
+    }
     Ok(match arg {
         Some(&"mediated") => b.mode(Mode::Mediated),
         Some(&"bypass") => b.mode(Mode::Bypass),

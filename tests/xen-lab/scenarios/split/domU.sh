@@ -1,6 +1,8 @@
 # split scenario, domU side: sh /lab/domU.sh NAME DOMID; exit 0 = pass. labU1 is the active side
 # (READ, then WRITE followed by SEND), labU2 the passive one (serves the READ, receives).
 NAME=$1; DOMID=$2
+# TCG on a busy host is slow: give each handshake step and control answer a minute.
+export VRDMA_GUEST_TIMEOUT_S=60
 PEER=labU2; [ "$NAME" = labU2 ] && PEER=labU1
 i=0
 until xenstore-read /lab/ready >/dev/null 2>&1; do
