@@ -2,7 +2,7 @@
 //! the control ring and event channel it consists of, the doorbell and event-ring pages the
 //! backend grants on `Init`, and the polite close.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -34,6 +34,32 @@ const MAX_DOORBELL_PAGES: usize = 1024;
 
 /// Offset of the alive byte in the control-ring page (the ring header's private area).
 pub(crate) const ALIVE_BYTE: usize = 16;
+
+/// Offset of the backend's alive byte in the control-ring page (the first of `io/ring.h`'s
+/// pad bytes): the backend sets it to 1 when it maps the ring, with an unmap-notify that
+/// clears it and signals the event channel when its mapping goes (its process died).
+pub(crate) const BACKEND_ALIVE_BYTE: usize = 20;
+
+/// A nonce naming one channel instance (`channel/<n>/nonce`): unique among this domain's
+/// channels, so the backend's answer to an earlier channel at the same index is never taken
+/// for the answer to this one.
+fn fresh_nonce() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{:x}.{now:x}.{n:x}", std::process::id())
+}
+
+/// Whether the backend's alive byte of a control-ring page is set.
+fn backend_alive(ring_page: &SharedRegion) -> bool {
+    ring_page
+        .load_u32(BACKEND_ALIVE_BYTE, Ordering::Acquire)
+        .map(|w| w.to_le_bytes()[0] != 0)
+        .unwrap_or(false)
+}
 
 /// What the caller asked of the channel.
 pub(crate) struct ChannelConfig {
@@ -136,6 +162,50 @@ fn wait_state(
     }
 }
 
+/// Waits for the backend's answer to channel instance `nonce`: Connected or Closed in its
+/// channel node, which echoes the nonce. A state under another nonce (or none) is the
+/// backend's answer to an earlier channel at this index, or no answer yet: never ours.
+fn wait_answer(
+    store: &dyn XenbusStore,
+    back_chan: &str,
+    nonce: &str,
+    timeout: Duration,
+) -> Result<u32> {
+    let deadline = Instant::now() + timeout;
+    let state_path = format!("{back_chan}/state");
+    let nonce_path = format!("{back_chan}/nonce");
+    let mut watch = store.watch(&state_path)?;
+    loop {
+        // The nonce first: the backend writes it with the state in one transaction, so a
+        // state read after our nonce answers us.
+        let theirs = store.read_opt(&nonce_path)?;
+        let st = match store.read_opt(&state_path)? {
+            Some(b) => Some(parse_u32(&state_path, &String::from_utf8_lossy(&b))?),
+            None => None,
+        };
+        if theirs.as_deref() == Some(nonce.as_bytes()) {
+            if let Some(s @ (state::CONNECTED | state::CLOSED)) = st {
+                return Ok(s);
+            }
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            let whose = if theirs.as_deref() == Some(nonce.as_bytes()) {
+                "this channel's"
+            } else {
+                "an earlier channel's (or none)"
+            };
+            return Err(Error::Timeout {
+                what: format!(
+                    "the backend to connect the channel ({state_path} is {st:?}, {whose})"
+                ),
+                timeout_ms: timeout.as_millis() as u64,
+            });
+        }
+        watch.next_event(Some(deadline - now))?;
+    }
+}
+
 impl Channel {
     /// Opens device `devid` of this domain and creates a channel on it.
     pub(crate) fn open(
@@ -200,14 +270,20 @@ impl Channel {
             store.write(&front_state, b"4")?;
         }
 
-        // 2. Claim the lowest free channel number.
+        // 2. Claim the lowest channel number free on both sides: an index whose backend node
+        //    is still there is still being torn down (the backend removes its node only after
+        //    it saw ours go), so a fresh index is taken instead of waiting.
         let chan_dir = format!("{front_dev}/channel");
+        let back_chan_dir = format!("{back_dev}/channel");
         let index = store.transaction(|tx| {
-            let taken: Vec<u32> = match tx.directory(&chan_dir) {
-                Ok(v) => v.iter().filter_map(|n| n.parse().ok()).collect(),
-                Err(e) if e.is_not_found() => Vec::new(),
-                Err(e) => return Err(e),
-            };
+            let mut taken: Vec<u32> = Vec::new();
+            for dir in [&chan_dir, &back_chan_dir] {
+                match tx.directory(dir) {
+                    Ok(v) => taken.extend(v.iter().filter_map(|n| n.parse::<u32>().ok())),
+                    Err(e) if e.is_not_found() => {}
+                    Err(e) => return Err(e),
+                }
+            }
             let n = (0..).find(|n| !taken.contains(n)).unwrap_or(0);
             tx.write(&format!("{chan_dir}/{n}/state"), b"1")?;
             Ok(n)
@@ -265,7 +341,8 @@ impl Channel {
             .store_u32(ALIVE_BYTE, 1, Ordering::Release)?;
         let ring_ref = ring_page.grefs[0];
 
-        // 4. Publish it, Initialised.
+        // 4. Publish it, Initialised, with this instance's nonce.
+        let nonce = fresh_nonce();
         store.transaction(|tx| {
             tx.write(
                 &format!("{front_chan}/ring-ref"),
@@ -283,6 +360,7 @@ impl Channel {
                 &format!("{front_chan}/pid"),
                 std::process::id().to_string().as_bytes(),
             )?;
+            tx.write(&format!("{front_chan}/nonce"), nonce.as_bytes())?;
             let mode: &[u8] = match cfg.mode {
                 crate::Mode::Bypass => b"bypass",
                 crate::Mode::Mediated => b"mediated",
@@ -295,15 +373,9 @@ impl Channel {
             Ok(())
         })?;
 
-        // 5. The backend's answer: Connected, or Closed with a reason.
-        let got = wait_state(
-            &*store,
-            &format!("{back_chan}/state"),
-            cfg.timeout,
-            "the backend to connect the channel",
-            |s| matches!(s, Some(state::CONNECTED) | Some(state::CLOSED)),
-        )?;
-        if got == Some(state::CLOSED) {
+        // 5. The backend's answer to this instance: Connected, or Closed with a reason.
+        let got = wait_answer(&*store, &back_chan, &nonce, cfg.timeout)?;
+        if got == state::CLOSED {
             let reason = store
                 .read_opt(&format!("{back_chan}/error"))?
                 .map(|v| String::from_utf8_lossy(&v).into_owned())
@@ -314,13 +386,29 @@ impl Channel {
             });
         }
 
+        // The backend set its alive byte before it answered Connected; from here on a
+        // cleared byte means it went away.
+        let ring_region = ring_page.region.clone();
+        let backend_check = || {
+            if backend_alive(&ring_region) {
+                Ok(())
+            } else {
+                Err(Error::DeviceLost(
+                    "the backend went away while connecting the channel (its alive byte \
+                     in the control ring is 0)"
+                        .into(),
+                ))
+            }
+        };
+        backend_check()?;
         let hub = EventHub::new(evtchn);
         let control = Control::new(ring, cfg.timeout);
-        let (version, doorbell_gref, event_gref, doorbell_slots) = match control.call(
+        let (version, doorbell_gref, event_gref, doorbell_slots) = match control.call_checked(
             &hub,
             Request::Init {
                 version: PROTOCOL_VERSION,
             },
+            &backend_check,
         )? {
             Reply::Init {
                 version,
@@ -378,8 +466,13 @@ impl Channel {
 
     /// A control request; a dead channel is [`Error::DeviceLost`].
     pub(crate) fn call(&self, request: Request) -> Result<Reply> {
+        self.notice_backend();
         self.check_lost()?;
-        match self.control.call(&self.hub, request) {
+        let gone = || {
+            self.notice_backend();
+            self.check_lost()
+        };
+        match self.control.call_checked(&self.hub, request, &gone) {
             Err(e @ Error::Timeout { .. }) => {
                 self.probe_backend();
                 self.check_lost()?;
@@ -419,6 +512,29 @@ impl Channel {
             *r = Some(why);
         }
         self.lost.store(true, Ordering::Relaxed);
+    }
+
+    /// Notices a backend that went away: its alive byte in the control ring, cleared by the
+    /// unmap-notify of its mapping when its process exits or is killed (and when it closes
+    /// the channel). One load, no system call while the byte is set.
+    #[inline]
+    pub(crate) fn notice_backend(&self) {
+        if !self.lost.load(Ordering::Relaxed) && !backend_alive(&self._ring_page) {
+            self.backend_gone();
+        }
+    }
+
+    #[cold]
+    fn backend_gone(&self) {
+        // Once: a backend that closed the channel politely says why in XenStore.
+        self.probe_backend();
+        if !self.is_lost() {
+            self.mark_lost(
+                "the backend went away (it no longer maps the channel's control ring: its \
+                 process exited or was killed)"
+                    .into(),
+            );
+        }
     }
 
     /// Looks at the backend's channel node; a channel it closed or removed is lost.
@@ -486,6 +602,7 @@ impl Channel {
         if prod != cons {
             self.pump_events()?;
         }
+        self.notice_backend();
         self.check_lost()
     }
 

@@ -233,6 +233,7 @@ impl Context {
 
     /// Whether the channel is known to be dead (checks XenStore: a system call).
     pub fn is_lost(&self) -> bool {
+        self.inner.chan.notice_backend();
         if !self.inner.chan.is_lost() {
             self.inner.chan.probe_backend();
         }

@@ -114,10 +114,23 @@ impl Control {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Sends `request` and waits for its response. A response with an error status is
-    /// [`Error::Backend`]; no response within the timeout is [`Error::Timeout`]. Any number of
-    /// threads may call at once; with every ring slot taken, a call waits for a free one.
+    /// [`Control::call_checked`] with no liveness check (the tests' backends stay).
+    #[cfg(test)]
     pub(crate) fn call(&self, signal: &dyn Signal, request: Request) -> Result<Reply> {
+        self.call_checked(signal, request, &|| Ok(()))
+    }
+
+    /// Sends `request` and waits for its response. A response with an error status is
+    /// [`Error::Backend`]; no response within the timeout is [`Error::Timeout`]. After every
+    /// wakeup `gone` says whether the backend is still there: its error ends the wait (a dead
+    /// backend answers nothing). Any number of threads may call at once; with every ring slot
+    /// taken, a call waits for a free one.
+    pub(crate) fn call_checked(
+        &self,
+        signal: &dyn Signal,
+        request: Request,
+        gone: &dyn Fn() -> Result<()>,
+    ) -> Result<Reply> {
         let op = request.op();
         let start = Instant::now();
         let deadline = start + self.timeout;
@@ -155,6 +168,7 @@ impl Control {
             let r = signal.wait_after(epoch, Some(deadline));
             self.lock().sleepers -= 1;
             r?;
+            gone()?;
         };
 
         // 2. Its answer.
@@ -184,8 +198,12 @@ impl Control {
             st.sleepers += 1;
             drop(st);
             let r = signal.wait_after(epoch, Some(deadline));
-            self.lock().sleepers -= 1;
-            r?;
+            let mut st = self.lock();
+            st.sleepers -= 1;
+            if let Err(e) = r.and_then(|_| gone()) {
+                st.waiting.remove(&req_id);
+                return Err(e);
+            }
         }
     }
 }

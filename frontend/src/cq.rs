@@ -251,6 +251,7 @@ impl CompletionQueue {
                 // No event for a while: is the backend still there?
                 chan.probe_backend();
             }
+            chan.notice_backend();
             chan.pump_events()?;
             chan.check_lost()?;
         }

@@ -79,18 +79,22 @@ fn missing_device_and_refused_channel_are_clear_errors() {
     let refuser = {
         let store =
             xenstore_proto::client::Client::from_unix_stream(w.xs.connect(0).unwrap()).unwrap();
-        let fchan = format!("{}/channel/0/state", w.front_dir());
+        let fnode = format!("{}/channel/0", w.front_dir());
+        let fchan = format!("{fnode}/state");
         std::thread::spawn(move || {
             for _ in 0..2000 {
                 if store.read_opt(&fchan).unwrap().as_deref() == Some(b"3") {
+                    // The answer echoes the channel's nonce (docs/split-driver.md).
+                    let nonce = store.read_opt(&format!("{fnode}/nonce")).unwrap().unwrap();
                     store
-                        .write(
-                            &format!("{back}/channel/0/error"),
-                            "max-channels (1) reached",
-                        )
-                        .unwrap();
-                    store
-                        .write(&format!("{back}/channel/0/state"), "6")
+                        .transaction(|t| {
+                            t.write(
+                                &format!("{back}/channel/0/error"),
+                                "max-channels (1) reached",
+                            )?;
+                            t.write(&format!("{back}/channel/0/nonce"), &nonce)?;
+                            t.write(&format!("{back}/channel/0/state"), "6")
+                        })
                         .unwrap();
                     return;
                 }
@@ -445,4 +449,108 @@ fn a_device_lost_event_is_noticed_by_poll_without_waiting() {
     assert!(e.is_device_lost(), "{e}");
     assert_eq!(ctx.notifications_sent(), before);
     drop(be);
+}
+
+/// A backend node left by an earlier channel at index 0 (its teardown not yet seen by the
+/// backend): a new channel takes a free index instead and is not refused by the leftover.
+#[test]
+fn a_leftover_backend_node_does_not_refuse_a_new_channel() {
+    let w = World::new();
+    w.attach();
+    let back0 = format!("{}/channel/0", w.back_dir());
+    w.dom0_store
+        .write(&format!("{back0}/nonce"), "an-earlier-channel")
+        .unwrap();
+    w.dom0_store.write(&format!("{back0}/state"), "6").unwrap();
+    let _be = FakeBackend::start(&w);
+    let ctx = open(&w, Mode::Bypass);
+    assert_eq!(ctx.channel(), 1, "index 0 is still being torn down");
+    let pd = ctx.alloc_pd().unwrap();
+    drop(pd);
+}
+
+/// The backend's Closed for an earlier channel at the same index, written after the new
+/// channel claimed it (a slow backend finishing the old teardown), is not the answer to the
+/// new channel: the frontend waits for the answer carrying its own nonce.
+#[test]
+fn a_late_closed_of_an_earlier_channel_is_not_the_answer() {
+    let w = World::new();
+    w.attach();
+    let s = &w.dom0_store;
+    s.write(&format!("{}/versions", w.back_dir()), "1").unwrap();
+    s.write(&format!("{}/state", w.back_dir()), "2").unwrap();
+    let (platform, store) = (w.guest_platform(), w.guest_store());
+    let opener = std::thread::spawn(move || {
+        Context::builder()
+            .platform(platform)
+            .store(store)
+            .timeout(Duration::from_secs(20))
+            .open()
+            .map(|c| c.channel())
+    });
+    // The backend is slow: channel 0 is Initialised before it writes anything...
+    let fstate = format!("{}/channel/0/state", w.front_dir());
+    let t0 = std::time::Instant::now();
+    while s.read_opt(&fstate).unwrap().as_deref() != Some(b"3") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "channel 0 never Initialised"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let front_nonce = s
+        .read_string(&format!("{}/channel/0/nonce", w.front_dir()))
+        .unwrap();
+    // ... and then writes Closed (no error) for the earlier channel at index 0.
+    let back0 = format!("{}/channel/0", w.back_dir());
+    s.transaction(|t| {
+        t.write(&format!("{back0}/nonce"), "an-earlier-channel")?;
+        t.write(&format!("{back0}/state"), "6")
+    })
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        !opener.is_finished(),
+        "the frontend took the earlier channel's Closed"
+    );
+    // Now the backend answers the new channel.
+    let _be = FakeBackend::start(&w);
+    let got = opener.join().unwrap();
+    assert_eq!(got.unwrap(), 0);
+    assert_eq!(
+        s.read_string(&format!("{back0}/nonce")).unwrap(),
+        front_nonce,
+        "the answer carries the channel's nonce"
+    );
+}
+
+/// A backend process that goes away (its mapping of the control ring is released: the
+/// unmap-notify clears its alive byte and signals) is noticed by a blocked wait and by an
+/// empty poll, without any XenStore change.
+#[test]
+fn a_backend_that_vanishes_is_device_lost_in_wait_and_poll() {
+    let w = World::new();
+    w.attach();
+    let be = FakeBackend::start(&w);
+    let ctx = open(&w, Mode::Bypass);
+    let mut cq = ctx.create_cq(4).unwrap();
+    let mut cq2 = ctx.create_cq(4).unwrap();
+    let waiter = std::thread::spawn(move || {
+        let mut wc = [WorkCompletion::default(); 1];
+        let t = std::time::Instant::now();
+        let r = cq
+            .wait(&mut wc, Some(Duration::from_secs(20)))
+            .map(|w| w.len());
+        (r, t.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    // The fake backend stops serving and unmaps the ring; XenStore still says Connected.
+    drop(be);
+    let (r, took) = waiter.join().unwrap();
+    let e = r.unwrap_err();
+    assert!(e.is_device_lost(), "{e}");
+    assert!(e.to_string().contains("went away"), "{e}");
+    assert!(took < Duration::from_secs(10), "noticed after {took:?}");
+    let mut wc = [WorkCompletion::default(); 1];
+    assert!(cq2.poll(&mut wc).unwrap_err().is_device_lost());
 }

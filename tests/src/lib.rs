@@ -29,6 +29,7 @@ pub struct Lab {
     pub host: SimHost,
     pub dom0: Client,
     backend: Option<Child>,
+    config: PathBuf,
     _tmp: tempfile::TempDir,
 }
 
@@ -73,15 +74,16 @@ impl Lab {
         let host = SimHost::start(SimHostConfig::new(tmp.path().join("host")))
             .expect("start the simulated host");
         let dom0 = Client::connect(sock::xenstore_socket(host.dir(), 0)).expect("dom0 xenstore");
+        let cfg = tmp.path().join("backend.toml");
+        std::fs::write(&cfg, config).expect("write the backend config");
         let mut lab = Lab {
             host,
             dom0,
             backend: None,
+            config: cfg,
             _tmp: tmp,
         };
-        let cfg = lab._tmp.path().join("backend.toml");
-        std::fs::write(&cfg, config).expect("write the backend config");
-        lab.start_backend(&cfg);
+        lab.start_backend();
         lab
     }
 
@@ -94,13 +96,26 @@ impl Lab {
             );
     }
 
-    fn start_backend(&mut self, config: &Path) {
+    fn start_backend(&mut self) {
         let mut cmd = Command::new(backend_bin());
         self.domain_env(&mut cmd, DomId(0));
-        cmd.arg("--config").arg(config);
+        cmd.arg("--config").arg(&self.config);
         cmd.stdin(Stdio::null());
         let child = cmd.spawn().expect("spawn vrdma-backend");
         self.backend = Some(child);
+    }
+
+    /// Kills the backend process with SIGKILL (no cleanup of any kind) and reaps it.
+    pub fn kill_backend(&mut self) {
+        let mut c = self.backend.take().expect("the backend is running");
+        c.kill().expect("SIGKILL the backend");
+        c.wait().expect("reap the backend");
+    }
+
+    /// Starts a new backend process (after [`Lab::kill_backend`]), with the same configuration.
+    pub fn restart_backend(&mut self) {
+        assert!(self.backend.is_none(), "a backend is still running");
+        self.start_backend();
     }
 
     /// Whether the backend process is still running.

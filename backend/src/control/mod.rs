@@ -15,7 +15,7 @@ pub mod service;
 use std::sync::Arc;
 
 use shared_ring::ControlBackRing;
-use xen_platform::{Access, DomId, EvtchnPort, GrantRef, Platform};
+use xen_platform::{Access, DomId, EvtchnPort, GrantRef, Platform, UnmapNotify};
 
 use crate::daemon::FaultSink;
 use crate::device::platform::foreign_mapping_region;
@@ -23,6 +23,11 @@ use crate::device::Device;
 use crate::resources::budget::HostBudget;
 use crate::xenbus::{ChannelLink, ChannelOpener, ChannelRequest};
 pub use channel::{alive, ALIVE_OFFSET, CLOSE_WAIT};
+
+/// Offset of the backend's alive byte in the control-ring page (the first of `io/ring.h`'s
+/// pad bytes, docs/split-driver.md): set to 1 once the ring is mapped, cleared by the
+/// mapping's unmap-notify (which also signals the guest) when this process goes away.
+pub const BACKEND_ALIVE_OFFSET: usize = 20;
 use channel::{ChannelNotifier, ControlLink, Running, Shared};
 pub use service::ControlService;
 
@@ -74,15 +79,6 @@ impl ChannelOpener for ControlOpener {
                     req.ring_ref
                 )
             })?;
-        let (ring_page, _) =
-            foreign_mapping_region(mapping).map_err(|e| format!("control ring mapping: {e}"))?;
-        if !alive(&ring_page) {
-            return Err(format!(
-                "the control ring's alive byte (offset {ALIVE_OFFSET}) is 0: set it to 1 before state 3"
-            ));
-        }
-        let ring =
-            ControlBackRing::new(ring_page.clone()).map_err(|e| format!("control ring: {e}"))?;
         let evtchn = self
             .platform
             .bind_interdomain(domid, EvtchnPort(req.event_channel))
@@ -92,6 +88,30 @@ impl ChannelOpener for ControlOpener {
                     req.event_channel
                 )
             })?;
+        // When our mapping goes (this process exits or is killed, or the channel closes), the
+        // platform clears our alive byte and signals the guest: it learns its backend is gone.
+        mapping
+            .set_unmap_notify(UnmapNotify {
+                clear_byte: Some(BACKEND_ALIVE_OFFSET),
+                event: Some(evtchn.local_port()),
+            })
+            .map_err(|e| format!("cannot set unmap-notify on the control ring mapping: {e}"))?;
+        let (ring_page, _) =
+            foreign_mapping_region(mapping).map_err(|e| format!("control ring mapping: {e}"))?;
+        if !alive(&ring_page) {
+            return Err(format!(
+                "the control ring's alive byte (offset {ALIVE_OFFSET}) is 0: set it to 1 before state 3"
+            ));
+        }
+        let ring =
+            ControlBackRing::new(ring_page.clone()).map_err(|e| format!("control ring: {e}"))?;
+        ring_page
+            .store_u32(
+                BACKEND_ALIVE_OFFSET,
+                1,
+                std::sync::atomic::Ordering::Release,
+            )
+            .map_err(|e| format!("control ring: {e}"))?;
         let evtchn = Arc::new(evtchn);
         let poll = mio::Poll::new().map_err(|e| format!("poll: {e}"))?;
         let waker = Arc::new(

@@ -359,7 +359,8 @@ impl XenbusBackend {
                 tracing::info!(device = %record.id, channel = n, "stale channel closed: backend restarted");
                 n_closed += 1;
             }
-            record.channels.insert(n, ChannelRecord::Closed);
+            let nonce = super::channel::read_nonce(&*self.store, &p)?;
+            record.channels.insert(n, ChannelRecord::Closed(nonce));
         }
         Ok(n_closed)
     }

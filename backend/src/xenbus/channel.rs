@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use shared_ring::PROTOCOL_VERSION;
-use xenstore_proto::client::{Result, XenbusStoreExt};
+use xenstore_proto::client::{NodeOps, Result, XenbusStore, XenbusStoreExt};
 
 use super::backend::{ignore_enoent, list, XenbusBackend};
 use super::paths;
@@ -13,18 +13,47 @@ use super::{ChannelFault, ChannelLink, ChannelRequest, CloseReason, DeviceId, Xe
 use crate::device::ChannelMode;
 use crate::resources::Resource;
 
-/// The backend's view of one channel.
+/// The instance nonce of a channel (`channel/<n>/nonce`, written by the frontend with
+/// Initialised and echoed by the backend with every state it writes): it tells one channel
+/// from an earlier one that used the same index. `None` when the frontend wrote none.
+pub(super) type Nonce = Option<String>;
+
+/// The backend's view of one channel instance.
 pub(super) enum ChannelRecord {
     /// Connected: the control service runs.
-    Live(Box<dyn ChannelLink>),
+    Live(Box<dyn ChannelLink>, Nonce),
     /// The backend wrote Closed (refused, failed, closed, or left by an earlier backend);
     /// waiting for the frontend to remove its node.
-    Closed,
+    Closed(Nonce),
 }
 
 impl ChannelRecord {
     pub(super) fn is_live(&self) -> bool {
-        matches!(self, ChannelRecord::Live(_))
+        matches!(self, ChannelRecord::Live(..))
+    }
+
+    /// The nonce of the instance this record is about.
+    pub(super) fn nonce(&self) -> Option<&str> {
+        match self {
+            ChannelRecord::Live(_, n) | ChannelRecord::Closed(n) => n.as_deref(),
+        }
+    }
+}
+
+/// Reads a channel node's `nonce` (absent, or not text: `None`).
+pub(super) fn read_nonce(store: &dyn XenbusStore, chan_path: &str) -> Result<Nonce> {
+    Ok(store
+        .read_opt(&format!("{chan_path}/nonce"))?
+        .and_then(|v| String::from_utf8(v).ok()))
+}
+
+/// Writes (or removes) the backend channel node's `nonce` in a transaction.
+fn write_nonce(t: &dyn NodeOps, bpath: &str, nonce: Option<&str>) -> Result<()> {
+    let p = format!("{bpath}/nonce");
+    match nonce {
+        Some(v) => t.write(&p, v.as_bytes()),
+        None if t.exists(&p)? => t.rm(&p),
+        None => Ok(()),
     }
 }
 
@@ -91,16 +120,19 @@ impl XenbusBackend {
                 format!("{}/channel", d.backend_path),
             )
         };
-        let mut frontend: BTreeMap<u32, Option<XenbusState>> = BTreeMap::new();
+        let mut frontend: BTreeMap<u32, (Option<XenbusState>, Nonce)> = BTreeMap::new();
         for name in list(&*self.store, &fdir)? {
             let Some(n) = paths::parse_index(&name) else {
                 continue;
             };
+            // The nonce first: the frontend writes it with Initialised in one transaction, so
+            // a state read after it is of the same instance or a later one.
+            let nonce = read_nonce(&*self.store, &format!("{fdir}/{name}"))?;
             let st = self
                 .store
                 .read_opt(&format!("{fdir}/{name}/state"))?
                 .and_then(|v| XenbusState::parse(&v));
-            frontend.insert(n, st);
+            frontend.insert(n, (st, nonce));
         }
         // Channels the frontend removed: reclaim, then remove ours.
         let known: Vec<u32> = self.devices[&id].channels.keys().copied().collect();
@@ -127,32 +159,50 @@ impl XenbusBackend {
                 }
             }
         }
-        for (n, st) in frontend {
+        for (n, (st, nonce)) in frontend {
+            // A record of an earlier instance at this index: its frontend removed its node and
+            // a new one took the index before we saw the removal (watch events coalesce). The
+            // old instance is over; the new one is served on its own.
+            let obsolete = self.devices[&id]
+                .channels
+                .get(&n)
+                .is_some_and(|r| r.nonce() != nonce.as_deref());
+            if obsolete {
+                self.close_channel(id, n, &CloseReason::Frontend, true);
+                if let Some(d) = self.devices.get_mut(&id) {
+                    d.channels.remove(&n);
+                }
+                tracing::debug!(device = %id, channel = n, "a new channel instance took the index");
+            }
             let live = match self.devices[&id].channels.get(&n) {
-                Some(ChannelRecord::Live(_)) => true,
-                Some(ChannelRecord::Closed) => continue,
+                Some(ChannelRecord::Live(..)) => true,
+                Some(ChannelRecord::Closed(_)) => continue,
                 None => false,
             };
             match (live, st) {
                 (true, Some(XenbusState::Closing)) => {
                     self.close_channel(id, n, &CloseReason::Frontend, true);
-                    self.finish_close(id, n, None, true)?;
+                    self.finish_close(id, n, nonce.as_deref(), None, true)?;
                 }
                 (true, Some(XenbusState::Closed)) | (true, None) => {
                     self.close_channel(id, n, &CloseReason::Frontend, true);
-                    self.finish_close(id, n, None, false)?;
+                    self.finish_close(id, n, nonce.as_deref(), None, false)?;
                 }
                 (true, _) => {}
                 (false, Some(XenbusState::Initialised)) if active => self.connect(id, n)?,
-                (false, Some(XenbusState::Initialised)) => {
-                    self.refuse(id, n, "the device is not connected (detached or closing)")?
-                }
+                (false, Some(XenbusState::Initialised)) => self.refuse(
+                    id,
+                    n,
+                    nonce.as_deref(),
+                    "the device is not connected (detached or closing)",
+                )?,
                 (false, Some(XenbusState::Closing | XenbusState::Closed)) => {
-                    self.finish_close(id, n, None, false)?
+                    self.finish_close(id, n, nonce.as_deref(), None, false)?
                 }
                 (false, Some(XenbusState::Connected)) => self.refuse(
                     id,
                     n,
+                    nonce.as_deref(),
                     "this channel was not connected by the running backend (backend restarted)",
                 )?,
                 (false, _) => {}
@@ -165,21 +215,24 @@ impl XenbusBackend {
     /// live channel, answers Connected; on any failure answers Closed with an error.
     fn connect(&mut self, id: DeviceId, n: u32) -> Result<()> {
         let fpath = format!("{}/channel/{n}", self.devices[&id].frontend_path);
+        // The nonce first (see scan_channels): the fields read after it are of its instance.
+        let nonce = read_nonce(&*self.store, &fpath)?;
+        let nonce_ref = nonce.as_deref();
         let req = match self.read_channel_request(id, n, &fpath)? {
             Ok(r) => r,
-            Err(why) => return self.refuse(id, n, &why),
+            Err(why) => return self.refuse(id, n, nonce_ref, &why),
         };
         let account = req.account.clone();
         account.set_quotas(self.read_quotas(id)?);
         if let Err(e) = account.charge(Resource::Channels, 1) {
-            return self.refuse(id, n, &e.to_string());
+            return self.refuse(id, n, nonce_ref, &e.to_string());
         }
         let (version, pid, mode) = (req.version, req.pid, req.mode);
         let link = match self.opener.open(req) {
             Ok(link) => link,
             Err(why) => {
                 account.refund(Resource::Channels, 1);
-                return self.refuse(id, n, &why);
+                return self.refuse(id, n, nonce_ref, &why);
             }
         };
         let bpath = format!("{}/channel/{n}", self.devices[&id].backend_path);
@@ -187,6 +240,7 @@ impl XenbusBackend {
             if t.exists(&format!("{bpath}/error"))? {
                 t.rm(&format!("{bpath}/error"))?;
             }
+            write_nonce(t, &bpath, nonce_ref)?;
             t.write(
                 &format!("{bpath}/state"),
                 XenbusState::Connected.value().as_bytes(),
@@ -198,7 +252,7 @@ impl XenbusBackend {
             return Err(e);
         }
         if let Some(d) = self.devices.get_mut(&id) {
-            d.channels.insert(n, ChannelRecord::Live(link));
+            d.channels.insert(n, ChannelRecord::Live(link, nonce));
         }
         tracing::info!(
             device = %id,
@@ -273,41 +327,45 @@ impl XenbusBackend {
         }))
     }
 
-    /// Answers channel `n` with Closed and an error sentence.
-    fn refuse(&mut self, id: DeviceId, n: u32, why: &str) -> Result<()> {
+    /// Answers channel instance `nonce` at index `n` with Closed and an error sentence.
+    fn refuse(&mut self, id: DeviceId, n: u32, nonce: Option<&str>, why: &str) -> Result<()> {
         tracing::warn!(device = %id, channel = n, "channel refused: {why}");
-        self.finish_close(id, n, Some(why), false)
+        self.finish_close(id, n, nonce, Some(why), false)
     }
 
     /// Writes the backend channel node's Closed (after Closing when `closing_first`), with
-    /// `error` if given, and records the channel as Closed.
+    /// `error` if given (an earlier one is removed otherwise) and the instance's `nonce`, and
+    /// records the channel as Closed.
     fn finish_close(
         &mut self,
         id: DeviceId,
         n: u32,
+        nonce: Option<&str>,
         error: Option<&str>,
         closing_first: bool,
     ) -> Result<()> {
         let Some(d) = self.devices.get_mut(&id) else {
             return Ok(());
         };
-        d.channels.insert(n, ChannelRecord::Closed);
+        d.channels
+            .insert(n, ChannelRecord::Closed(nonce.map(str::to_owned)));
         let bpath = format!("{}/channel/{n}", d.backend_path);
+        let write = |state: XenbusState, error: Option<&str>| {
+            self.store.transaction(|t| {
+                let err = format!("{bpath}/error");
+                match error {
+                    Some(why) => t.write(&err, why.as_bytes())?,
+                    None if t.exists(&err)? => t.rm(&err)?,
+                    None => {}
+                }
+                write_nonce(t, &bpath, nonce)?;
+                t.write(&format!("{bpath}/state"), state.value().as_bytes())
+            })
+        };
         if closing_first {
-            self.store.write(
-                &format!("{bpath}/state"),
-                XenbusState::Closing.value().as_bytes(),
-            )?;
+            write(XenbusState::Closing, None)?;
         }
-        self.store.transaction(|t| {
-            if let Some(why) = error {
-                t.write(&format!("{bpath}/error"), why.as_bytes())?;
-            }
-            t.write(
-                &format!("{bpath}/state"),
-                XenbusState::Closed.value().as_bytes(),
-            )
-        })
+        write(XenbusState::Closed, error)
     }
 
     /// Closes live channel `n` (reclaiming it) if it is live; the record stays for the caller
@@ -316,10 +374,12 @@ impl XenbusBackend {
         let Some(d) = self.devices.get_mut(&id) else {
             return false;
         };
-        let Some(ChannelRecord::Live(_)) = d.channels.get(&n) else {
-            return false;
+        let nonce = match d.channels.get(&n) {
+            Some(ChannelRecord::Live(_, nonce)) => nonce.clone(),
+            _ => return false,
         };
-        let Some(ChannelRecord::Live(link)) = d.channels.insert(n, ChannelRecord::Closed) else {
+        let Some(ChannelRecord::Live(link, _)) = d.channels.insert(n, ChannelRecord::Closed(nonce))
+        else {
             return false;
         };
         link.close(reason);
@@ -355,12 +415,21 @@ impl XenbusBackend {
             self.close_channel(id, n, reason, true);
             if polite {
                 let why = (*reason != CloseReason::Frontend).then(|| reason.to_string());
-                if let Err(e) = self.finish_close(id, n, why.as_deref(), true) {
+                let nonce = self.record_nonce(id, n);
+                if let Err(e) = self.finish_close(id, n, nonce.as_deref(), why.as_deref(), true) {
                     tracing::warn!(device = %id, channel = n, "cannot write the channel's Closed state: {e}");
                 }
             }
         }
         live.len()
+    }
+
+    /// The nonce of the instance recorded at index `n`.
+    fn record_nonce(&self, id: DeviceId, n: u32) -> Nonce {
+        self.devices
+            .get(&id)
+            .and_then(|d| d.channels.get(&n))
+            .and_then(|r| r.nonce().map(str::to_owned))
     }
 
     /// A live channel reported a fault (from its control service, through the daemon).
@@ -386,7 +455,14 @@ impl XenbusBackend {
                         Ok(())
                     }
                     Err(e) if e.is_access_denied() => {
-                        self.finish_close(id, n, Some("the frontend process died"), false)
+                        let nonce = self.record_nonce(id, n);
+                        self.finish_close(
+                            id,
+                            n,
+                            nonce.as_deref(),
+                            Some("the frontend process died"),
+                            false,
+                        )
                     }
                     Err(e) => Err(e),
                 }
@@ -396,7 +472,8 @@ impl XenbusBackend {
                 if !self.close_channel(id, n, &reason, true) {
                     return Ok(());
                 }
-                self.finish_close(id, n, Some(&reason.to_string()), false)
+                let nonce = self.record_nonce(id, n);
+                self.finish_close(id, n, nonce.as_deref(), Some(&reason.to_string()), false)
             }
         }
     }

@@ -145,6 +145,23 @@ impl World {
             .unwrap();
     }
 
+    /// [`World::open_channel`] of a channel instance with a nonce (as the frontend writes it).
+    fn open_channel_instance(&self, n: u32, nonce: &str) {
+        self.guest
+            .write(&self.f(&format!("channel/{n}/state")), "1")
+            .unwrap();
+        self.guest
+            .transaction(|t| {
+                let c = |k: &str| self.f(&format!("channel/{n}/{k}"));
+                t.write(&c("ring-ref"), "77")?;
+                t.write(&c("event-channel"), "9")?;
+                t.write(&c("version"), "1")?;
+                t.write(&c("nonce"), nonce)?;
+                t.write(&c("state"), "3")
+            })
+            .unwrap();
+    }
+
     fn closed(&self) -> Vec<(u32, CloseReason)> {
         self.closed.lock().unwrap().clone()
     }
@@ -436,4 +453,57 @@ fn a_frontend_that_never_existed_is_not_served_wrongly() {
     b.scan().unwrap();
     assert_eq!(b.devices(), vec![DEV]);
     assert_eq!(w.dom0.read_string(&format!("{p}/state")).unwrap(), "1");
+}
+
+/// Watch events coalesce: the backend may see a channel index come back as a new instance
+/// (another nonce) without ever seeing the old node gone. The new instance is served — the
+/// old one's Closed record (or live link) does not shadow it — and every answer echoes the
+/// nonce of the instance it answers.
+#[test]
+fn a_new_instance_at_a_reused_index_is_served_even_if_the_removal_was_missed() {
+    let w = World::new(Quotas::default());
+    let mut b = w.backend();
+    b.scan().unwrap();
+    w.open_channel_instance(0, "one");
+    b.scan_frontend(DEV).unwrap();
+    assert_eq!(w.b("channel/0/state").as_deref(), Some("4"));
+    assert_eq!(w.b("channel/0/nonce").as_deref(), Some("one"));
+    // Closed politely; the frontend removes its node and a new instance takes index 0, all
+    // before the backend looks again.
+    w.guest.write(&w.f("channel/0/state"), "5").unwrap();
+    b.scan_frontend(DEV).unwrap();
+    assert_eq!(w.b("channel/0/state").as_deref(), Some("6"));
+    assert_eq!(w.b("channel/0/nonce").as_deref(), Some("one"));
+    w.guest.rm(&w.f("channel/0")).unwrap();
+    w.open_channel_instance(0, "two");
+    b.scan_frontend(DEV).unwrap();
+    assert_eq!(w.b("channel/0/state").as_deref(), Some("4"));
+    assert_eq!(w.b("channel/0/nonce").as_deref(), Some("two"));
+    assert_eq!(w.opened.lock().unwrap().len(), 2);
+
+    // A live instance whose removal was missed: its link is closed, the new one served.
+    w.guest.rm(&w.f("channel/0")).unwrap();
+    w.open_channel_instance(0, "three");
+    b.scan_frontend(DEV).unwrap();
+    assert_eq!(w.b("channel/0/state").as_deref(), Some("4"));
+    assert_eq!(w.b("channel/0/nonce").as_deref(), Some("three"));
+    assert_eq!(w.opened.lock().unwrap().len(), 3);
+    assert_eq!(
+        w.closed(),
+        vec![(0, CloseReason::Frontend), (0, CloseReason::Frontend)]
+    );
+    b.publish_stats(DEV).unwrap();
+    assert_eq!(w.b("stats/channels").as_deref(), Some("1"));
+    // A refusal carries the nonce too, and no stale error survives into a later answer.
+    w.guest.rm(&w.f("channel/0")).unwrap();
+    w.open_channel(0, 9);
+    b.scan_frontend(DEV).unwrap();
+    assert_eq!(w.b("channel/0/state").as_deref(), Some("6"));
+    assert_eq!(w.b("channel/0/nonce"), None);
+    assert!(w.b("channel/0/error").unwrap().contains("version 9"));
+    w.guest.rm(&w.f("channel/0")).unwrap();
+    w.open_channel_instance(0, "four");
+    b.scan_frontend(DEV).unwrap();
+    assert_eq!(w.b("channel/0/state").as_deref(), Some("4"));
+    assert_eq!(w.b("channel/0/error"), None);
 }

@@ -23,6 +23,9 @@ use xenstore_proto::client::{Client, NodeOps, XenbusStore};
 use xenstore_proto::server::Server;
 use xenstore_proto::wire::{Perm, PermKind, Perms};
 
+/// Where the backend's alive byte is in the control-ring page (docs/split-driver.md).
+pub const BACKEND_ALIVE_OFFSET: usize = 20;
+
 pub struct World {
     pub host: SimHost,
     pub xs: Server,
@@ -272,42 +275,64 @@ fn serve(
     state: Arc<Mutex<BackState>>,
     stop: Arc<AtomicBool>,
 ) {
-    // Wait for channel 0 to be Initialised.
-    let fchan = format!("{front}/channel/0");
-    let bchan = format!("{back}/channel/0");
-    loop {
+    // Wait for a channel to be Initialised (the first one seen, whatever its index).
+    let (fchan, bchan) = loop {
         if stop.load(Ordering::Relaxed) {
             return;
         }
-        if store
-            .read_opt(&format!("{fchan}/state"))
-            .unwrap()
-            .as_deref()
-            == Some(b"3")
-        {
-            break;
+        let names = store
+            .directory(&format!("{front}/channel"))
+            .unwrap_or_default();
+        let ready = names.into_iter().find(|n| {
+            store
+                .read_opt(&format!("{front}/channel/{n}/state"))
+                .unwrap()
+                .as_deref()
+                == Some(b"3")
+        });
+        if let Some(n) = ready {
+            break (
+                format!("{front}/channel/{n}"),
+                format!("{back}/channel/{n}"),
+            );
         }
         std::thread::sleep(Duration::from_millis(2));
-    }
+    };
+    let nonce = store.read_opt(&format!("{fchan}/nonce")).unwrap();
     let ring_ref = store.read_u32(&format!("{fchan}/ring-ref")).unwrap();
     let port = store.read_u32(&format!("{fchan}/event-channel")).unwrap();
-    let ring = region_of_mapping(
-        platform
-            .map_grants(
-                guest,
-                &[xen_platform::GrantRef(ring_ref)],
-                Access::ReadWrite,
-            )
-            .unwrap(),
-    );
     let evtchn = Arc::new(
         platform
             .bind_interdomain(guest, xen_platform::EvtchnPort(port))
             .unwrap(),
     );
+    let mapping = platform
+        .map_grants(
+            guest,
+            &[xen_platform::GrantRef(ring_ref)],
+            Access::ReadWrite,
+        )
+        .unwrap();
+    // As the real backend: an alive byte the platform clears (and an event) when we unmap.
+    mapping
+        .set_unmap_notify(xen_platform::UnmapNotify {
+            clear_byte: Some(BACKEND_ALIVE_OFFSET),
+            event: Some(evtchn.local_port()),
+        })
+        .unwrap();
+    let ring = region_of_mapping(mapping);
+    ring.store_u32(BACKEND_ALIVE_OFFSET, 1, Ordering::Release)
+        .unwrap();
     state.lock().unwrap().evtchn = Some(evtchn.clone());
     let mut ring = ControlBackRing::new(ring).unwrap();
-    store.write(&format!("{bchan}/state"), "4").unwrap();
+    store
+        .transaction(|t| {
+            if let Some(n) = &nonce {
+                t.write(&format!("{bchan}/nonce"), n)?;
+            }
+            t.write(&format!("{bchan}/state"), "4")
+        })
+        .unwrap();
     while !stop.load(Ordering::Relaxed) {
         let mut notify = false;
         while let Some(raw) = ring.next_request().unwrap() {

@@ -4,7 +4,9 @@
 //! `err <message>`. Objects are named by the test.
 //!
 //! ```text
-//! open [bypass|mediated]             -> ok <domid> <channel>
+//! open [bypass|mediated]             -> ok <domid> <channel>   (closes an open one first)
+//! close                              -> ok            (drops every object and the channel)
+//! cycle <n> [bypass|mediated]        -> ok <n>        (n back-to-back open + AllocPd + close)
 //! cq <name> <entries>                -> ok <handle>
 //! qp <name> <send-cq> <recv-cq> <sq> <rq>   -> ok <endpoint>
 //! mr <name> <len>                    -> ok <remote addr:len:rkey>
@@ -20,7 +22,8 @@
 //! poll <cq> <n> <timeout_ms>         -> ok <wc>;<wc>... (busy-polls until n or timeout)
 //! wait <cq> <n> <timeout_ms>         -> ok <wc>;...    (blocking waits on the event channel)
 //! pingpong <qp> <cq> <mr> <len> <iters> <role:first|second>  -> ok <ns per round trip>
-//! loop <qp> <cq> <mr> <len>          -> (sends forever; for kill tests; prints "ok looping")
+//! loop <qp> <cq> <mr> <len> [remote] -> (SENDs, or RDMA WRITEs to `remote`, forever; for kill
+//!                                        tests; prints "ok looping", then "err ..." when it fails)
 //! burst <qp> <mr> <len> <n>         -> ok            (n SENDs back to back)
 //! notifications                      -> ok <n>
 //! drop <name>                        -> ok
@@ -95,17 +98,30 @@ impl Guest {
     fn run(&mut self, a: &[&str]) -> Result<String> {
         match a[0] {
             "open" => {
-                let mut b = Context::builder();
-                match a.get(1) {
-                    Some(&"mediated") => b = b.mode(Mode::Mediated),
-                    Some(&"bypass") => b = b.mode(Mode::Bypass),
-                    _ => {}
-                }
-                let ctx = b.open()?;
+                // Objects of an earlier (lost) channel go first: this is a reopen.
+                *self = Guest::default();
+                let ctx = builder(a.get(1))?.open()?;
                 let out = format!("{} {}", ctx.domid().0, ctx.channel());
                 self.pd = Some(ctx.alloc_pd()?);
                 self.ctx = Some(ctx);
                 Ok(out)
+            }
+            "close" => {
+                *self = Guest::default();
+                Ok(String::new())
+            }
+            "cycle" => {
+                let n: u32 = num(a, 1)?;
+                for i in 0..n {
+                    let ctx = builder(a.get(2))?
+                        .open()
+                        .with_context(|| format!("open {} of {n}", i + 1))?;
+                    drop(
+                        ctx.alloc_pd()
+                            .with_context(|| format!("AllocPd on open {} of {n}", i + 1))?,
+                    );
+                }
+                Ok(n.to_string())
             }
             "cq" => {
                 let cq = self.ctx()?.create_cq(num(a, 2)?)?;
@@ -283,6 +299,25 @@ impl Guest {
     }
 }
 
+/// A context builder for the mode named by `arg` (`bypass`, `mediated`, or the default).
+/// `VRDMA_GUEST_TIMEOUT_S` overrides the handshake and control timeout (the Xen lab under a
+/// loaded TCG host needs more than the default 10 s).
+fn builder(arg: Option<&&str>) -> Result<vrdma::ContextBuilder> {
+    let mut b = Context::builder();
+    if let Ok(v) = std::env::var("VRDMA_GUEST_TIMEOUT_S") {
+        let s: u64 = v
+            .parse()
+            .map_err(|_| anyhow!("VRDMA_GUEST_TIMEOUT_S={v:?} is not a number of seconds"))?;
+        b = b.timeout(Duration::from_secs(s));
+    }
+    Ok(match arg {
+        Some(&"mediated") => b.mode(Mode::Mediated),
+        Some(&"bypass") => b.mode(Mode::Bypass),
+        None => b,
+        Some(other) => bail!("unknown mode {other:?}"),
+    })
+}
+
 /// SEND ping-pong: each side keeps one receive posted; `first` sends first. Returns the mean
 /// round trip in ns (busy-polling).
 fn pingpong(
@@ -371,10 +406,12 @@ fn main() {
     drop(g);
 }
 
-/// Sends `len`-byte messages on `qp` forever (the peer must keep receives posted), reporting
-/// `ok looping` once the first completion arrived. Only returns on error.
+/// Sends `len`-byte messages on `qp` forever (the peer must keep receives posted), or RDMA
+/// WRITEs them to `remote` if given, reporting `ok looping` once the first completion
+/// arrived. Only returns on error.
 fn send_loop(g: &mut Guest, a: &[&str], out: &mut std::io::Stdout) -> Result<()> {
     let len: usize = num(a, 4)?;
+    let remote: Option<RemoteMr> = a.get(5).map(|r| r.parse()).transpose()?;
     let mr = g.mrs.get(a[3]).context("no MR")?;
     let qp = g.qps.get_mut(a[1]).context("no QP")?;
     let cq = g.cqs.get_mut(a[2]).context("no CQ")?;
@@ -384,7 +421,11 @@ fn send_loop(g: &mut Guest, a: &[&str], out: &mut std::io::Stdout) -> Result<()>
     let mut i = 0u64;
     loop {
         while outstanding < 8 {
-            match qp.post_send(&[mr.slice(0..len)], i) {
+            let posted = match remote {
+                Some(r) => qp.post_write(&[mr.slice(0..len)], r, i),
+                None => qp.post_send(&[mr.slice(0..len)], i),
+            };
+            match posted {
                 Ok(()) => {
                     outstanding += 1;
                     i += 1;

@@ -1,6 +1,8 @@
 # split scenario, domU side: sh /lab/domU.sh NAME DOMID; exit 0 = pass. labU1 is the active side
 # (READ, then WRITE followed by SEND), labU2 the passive one (serves the READ, receives).
 NAME=$1; DOMID=$2
+# TCG on a busy host is slow: give each handshake step and control answer a minute.
+export VRDMA_GUEST_TIMEOUT_S=60
 PEER=labU2; [ "$NAME" = labU2 ] && PEER=labU1
 i=0
 until xenstore-read /lab/ready >/dev/null 2>&1; do
@@ -129,6 +131,83 @@ perf() {
     done
     echo "$NAME: vrdma-perf PASS"
 }
+# Waits for dom0's relay of the peer's KEY; prints it.
+wait_relay() {
+    i=0
+    until v=$(xenstore-read "/lab/relay/$1/$PEER" 2>/dev/null); do
+        i=$((i+1)); [ $i -gt 1500 ] && { echo "$NAME: no $1 from $PEER" >&2; return 1; }
+        sleep 0.2
+    done
+    echo "$v"
+}
+# The backend killed with SIGKILL under traffic and started again (DESIGN §8): labU1 RDMA
+# WRITEs in a loop (spinning on its CQ), labU2 is blocked in a wait; both must end with
+# "device lost" (dom0 times it), then reopen the device in the same process, reconnect to
+# each other through the new backend and verify SEND and WRITE data.
+restart() {
+    start_guest
+    cmd open bypass && cmd cq c 64 && cmd qp q c c 64 64 || return 1
+    EP=$REPLY
+    cmd mr m 262144 || return 1
+    xenstore-write data/vrdma-ep-restart "$EP $REPLY"
+    peer=$(wait_relay vrdma-ep-restart) || return 1
+    cmd connect q "${peer% *}" || return 1
+    if [ "$NAME" = labU1 ]; then
+        echo "loop q c m 4096 ${peer#* }" >&3
+        read -r REPLY <&4
+        [ "$REPLY" = "ok looping" ] || { echo "$NAME: loop -> $REPLY"; return 1; }
+    else
+        echo "wait c 1 600000" >&3
+    fi
+    xenstore-write data/vrdma-traffic 1
+    # dom0 kills the backend now: the loop and the wait must end with "device lost".
+    if ! read -r REPLY <&4; then echo "$NAME: vrdma-guest died: $(cat /tmp/g.err)"; return 1; fi
+    case $REPLY in
+        *"device lost"*) xenstore-write data/vrdma-lost 1; echo "$NAME: backend killed: $REPLY" ;;
+        *) echo "$NAME: after the backend's kill: $REPLY"; return 1 ;;
+    esac
+    i=0
+    until xenstore-read /lab/restarted >/dev/null 2>&1; do
+        i=$((i+1)); [ $i -gt 1500 ] && { echo "$NAME: no new backend"; return 1; }
+        sleep 0.2
+    done
+    cmd open bypass || return 1
+    echo "$NAME: reopened after the backend restart: channel $REPLY"
+    cmd cq c 64 && cmd qp q c c 64 64 || return 1
+    EP=$REPLY
+    cmd mr m 262144 || return 1
+    MR=$REPLY
+    if [ "$NAME" = labU2 ]; then cmd recv q m 0 $K 1 || return 1; fi
+    xenstore-write data/vrdma-ep-again "$EP $MR"
+    peer=$(wait_relay vrdma-ep-again) || return 1
+    cmd connect q "${peer% *}" || return 1
+    if [ "$NAME" = labU1 ]; then
+        cmd fill m 21 0 $K && cmd write q m 0 $K "$(remote_at "${peer#* }" $((2 * K)))" 1 || return 1
+        cmd fill m 22 $K $K && cmd send q m $K $K 2 && cmd poll c 2 20000 || return 1
+        case $REPLY in *Success*Success*) ;; *) echo "$NAME: completions after the restart: $REPLY"; return 1 ;; esac
+        xenstore-write data/vrdma-done-again 1
+    else
+        cmd wait c 1 60000 || return 1
+        case $REPLY in *Success*) ;; *) echo "$NAME: receive after the restart: $REPLY"; return 1 ;; esac
+        cmd check m 22 0 $K && cmd check m 21 $((2 * K)) $K || return 1
+        wait_relay vrdma-done-again >/dev/null || return 1
+    fi
+    stop_guest
+    echo "$NAME: backend restart PASS (device lost, reopened, data verified)"
+}
+# Channels opened and closed back to back by two processes of this domU at once (indexes
+# reused as soon as they are free): none may be refused by the ghost of an earlier one.
+churn() {
+    echo "cycle 25 mediated" | vrdma-guest > /tmp/cycle2.out 2>/tmp/cycle2.err &
+    C2=$!
+    start_guest
+    cmd cycle 25 bypass || { stop_guest; wait $C2; return 1; }
+    stop_guest
+    wait $C2
+    [ "$(head -n1 /tmp/cycle2.out)" = "ok 25" ] ||
+        { echo "$NAME: second process: $(cat /tmp/cycle2.out) $(tail -n 5 /tmp/cycle2.err)"; return 1; }
+    echo "$NAME: 50 back-to-back channels of two processes PASS"
+}
 rc=0
 round bypass || rc=1
 round mediated || rc=1
@@ -138,4 +217,6 @@ if [ "$NAME" = labU1 ]; then
 else
     killed_process || rc=1
 fi
+restart || rc=1
+churn || rc=1
 exit $rc
