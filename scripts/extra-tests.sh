@@ -14,3 +14,18 @@ if [ "$have_miri" = 1 ]; then
 else
     skip "shared-ring miri lane: nightly toolchain with miri is not available"
 fi
+
+# --- fuzzing: every cargo-fuzz target about a minute (scripts/fuzz.sh, docs/fuzzing.md) ------
+# Guest bytes (control slots, WQEs, page directories), hostile-backend bytes (CQEs, the event
+# ring, the doorbell page, control responses) and XenStore peers (codec, server).
+# FUZZ_SECONDS changes the time per target.
+if [ "$have_nightly" = 1 ]; then
+    if ! cargo fuzz --version >/dev/null 2>&1; then
+        say "installing cargo-fuzz"
+        cargo install cargo-fuzz --locked
+    fi
+    say "fuzz targets, ${FUZZ_SECONDS:-60} s each"
+    scripts/fuzz.sh "${FUZZ_SECONDS:-60}"
+else
+    skip "fuzz lane: the nightly toolchain (cargo-fuzz needs it) is not available"
+fi

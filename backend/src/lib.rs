@@ -7,11 +7,13 @@
 //!   channel holds.
 //! - [`toolstack`]: attach/detach of a vrdma device as libxl does it.
 //! - [`device`]: the RDMA device trait and the software device model.
+//! - [`escape`]: guest-written text made safe for terminals and logs.
 
 pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod device;
+pub mod escape;
 pub mod resources;
 pub mod toolstack;
 pub mod xenbus;

@@ -2,6 +2,9 @@
 //! domains exactly as libxl attaches a PV device, lists devices and channels, and shows the
 //! counters the backend publishes. Runs in dom0 against xenstored, or against a simulated
 //! host (`--sim DIR` / `VRDMA_SIM`) as its dom0. See docs/operations.md.
+//!
+//! Guest-written text reaches the terminal escaped: the reports of `toolstack::inspect` are
+//! escaped as they are read, and error messages are escaped here before they are printed.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -9,6 +12,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
+use vrdma_backend::escape::escape_str;
 use vrdma_backend::resources::Resource;
 use vrdma_backend::toolstack::inspect::{self, state_name, DeviceReport, DeviceStats};
 use vrdma_backend::toolstack::{self, AttachRequest, ToolstackError};
@@ -167,7 +171,8 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("vrdmactl: {e:#}");
+            // Errors can quote what a guest wrote (a state, a path it made): escaped.
+            eprintln!("vrdmactl: {}", escape_str(&format!("{e:#}")));
             ExitCode::from(1)
         }
     }
@@ -291,8 +296,9 @@ fn detach(store: &Client, a: DetachArgs) -> Result<()> {
             }
             Err(e) => {
                 eprintln!(
-                    "vrdmactl: cannot detach vrdma device {devid} of domain {}: {e}",
-                    a.domid
+                    "vrdmactl: cannot detach vrdma device {devid} of domain {}: {}",
+                    a.domid,
+                    escape_str(&e.to_string())
                 );
                 failed += 1;
             }

@@ -5,6 +5,11 @@
 //!
 //! Reads are not in a transaction: a node that vanishes between a listing and its read is
 //! simply shown as missing.
+//!
+//! Every text in a report (values, and the names of stats keys and groups) is escaped with
+//! [`crate::escape`] as it is read: a guest writes its own nodes (`channel/<n>/mode` ...), and
+//! what it wrote must reach the admin's terminal as visible text, never as escape sequences,
+//! in the table and in `--json` alike.
 
 use std::collections::BTreeMap;
 
@@ -12,6 +17,7 @@ use serde::Serialize;
 use xenstore_proto::client::{NodeOps, Result};
 
 use super::{device_paths, DevicePaths};
+use crate::escape::{escape_bytes, escape_str};
 use crate::resources::Resource;
 use crate::xenbus::{backend_root, device_stats_path, DeviceId, XenbusState};
 
@@ -72,7 +78,7 @@ impl StatValue {
     fn parse(v: &str) -> StatValue {
         let v = v.trim();
         v.parse()
-            .map_or_else(|_| StatValue::Text(v.to_owned()), StatValue::Number)
+            .map_or_else(|_| StatValue::Text(escape_str(v)), StatValue::Number)
     }
 
     /// The counter, if it is one.
@@ -183,7 +189,7 @@ pub fn device_report(
         devid,
         backend_domid,
         domain_exists: store.exists(&format!("/local/domain/{domid}"))?,
-        online: read_text(store, &format!("{backend}/online"))?.map(|v| v.trim() == "1"),
+        online: read_raw(store, &format!("{backend}/online"))?.map(|v| v.trim() == "1"),
         backend_state: read_state(store, &format!("{backend}/state"))?,
         frontend_state: read_state(store, &format!("{frontend}/state"))?,
         kind: read_text(store, &format!("{backend}/kind"))?,
@@ -211,21 +217,21 @@ pub fn device_stats(
     for key in children(store, &base)? {
         let path = format!("{base}/{key}");
         if let Some(v) = read_number(store, &path)? {
-            stats.counters.insert(key.clone(), v);
+            stats.counters.insert(escape_str(&key), v);
         }
         for id in children(store, &path)? {
             let mut counters = BTreeMap::new();
             for k in children(store, &format!("{path}/{id}"))? {
-                if let Some(v) = read_text(store, &format!("{path}/{id}/{k}"))? {
-                    counters.insert(k, StatValue::parse(&v));
+                if let Some(v) = read_raw(store, &format!("{path}/{id}/{k}"))? {
+                    counters.insert(escape_str(&k), StatValue::parse(&v));
                 }
             }
             if !counters.is_empty() {
                 stats
                     .groups
-                    .entry(key.clone())
+                    .entry(escape_str(&key))
                     .or_default()
-                    .insert(id, counters);
+                    .insert(escape_str(&id), counters);
             }
         }
     }
@@ -261,14 +267,21 @@ fn numeric_children(store: &dyn NodeOps, path: &str) -> Result<Vec<u32>> {
     Ok(v)
 }
 
+/// A value as text to show: escaped (control characters, escape sequences, invisible
+/// characters and bytes that are not UTF-8 become visible escapes).
 fn read_text(store: &dyn NodeOps, path: &str) -> Result<Option<String>> {
+    Ok(store.read_opt(path)?.map(|v| escape_bytes(&v)))
+}
+
+/// A value to interpret, not to show.
+fn read_raw(store: &dyn NodeOps, path: &str) -> Result<Option<String>> {
     Ok(store
         .read_opt(path)?
         .map(|v| String::from_utf8_lossy(&v).into_owned()))
 }
 
 fn read_number(store: &dyn NodeOps, path: &str) -> Result<Option<u64>> {
-    Ok(read_text(store, path)?.and_then(|v| v.trim().parse().ok()))
+    Ok(read_raw(store, path)?.and_then(|v| v.trim().parse().ok()))
 }
 
 fn read_state(store: &dyn NodeOps, path: &str) -> Result<Option<u32>> {
