@@ -233,15 +233,11 @@ fn half_open(kind: &str) {
 }
 
 #[test]
-#[ignore = "enabled after the issue-10 fixes merge: a half-open Connect's destroy fails the \
-            foreign QP today (issue 10, item 1)"]
 fn half_open_connect_to_a_foreign_qp_then_destroy_leaves_it_connected() {
     half_open("half-open-destroy");
 }
 
 #[test]
-#[ignore = "enabled after the issue-10 fixes merge: closing a channel with a half-open Connect \
-            fails the foreign QP today (issue 10, item 1)"]
 fn half_open_connect_to_a_foreign_qp_then_close_leaves_it_connected() {
     half_open("half-open-close");
 }
@@ -349,8 +345,6 @@ fn closing_under_a_regmr_flood_leaves_the_daemon_answering() {
 /// The soak, short: every attack kind for two seconds each beside the good pair; no error at
 /// the good pair, no breach, the backend's descriptors, grants and mappings back at the start.
 #[test]
-#[ignore = "enabled after the issue-10 fixes merge: half-open Connects (item 1) and refused \
-            channel reopens (item 12) break the good pair today"]
 fn short_soak_keeps_the_good_pair_whole() {
     let out = Command::new(SOAK)
         .args([
@@ -385,9 +379,6 @@ fn short_soak_keeps_the_good_pair_whole() {
 /// process of B still opens a channel and connects within the hang guard, and the good pair's
 /// traffic goes on.
 #[test]
-#[ignore = "enabled after the issue-10 fixes merge: after a XenStore storm whose attackers are \
-            SIGKILLed, the backend no longer connects other domains' new channels today (issue \
-            10, item 3)"]
 fn a_xenstore_storm_leaves_the_daemon_serving_others() {
     let lab = Lab::start();
     let mut p = pair(&lab, ("good-a", "good-b"));

@@ -493,7 +493,7 @@ fn a_new_instance_at_a_reused_index_is_served_even_if_the_removal_was_missed() {
         vec![(0, CloseReason::Frontend), (0, CloseReason::Frontend)]
     );
     b.publish_stats(DEV).unwrap();
-    assert_eq!(w.b("stats/channels").as_deref(), Some("1"));
+    assert_eq!(w.s("channels").as_deref(), Some("1"));
     // A refusal carries the nonce too, and no stale error survives into a later answer.
     w.guest.rm(&w.f("channel/0")).unwrap();
     w.open_channel(0, 9);
