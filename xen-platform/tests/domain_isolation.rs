@@ -3,7 +3,9 @@
 //! the host's control socket — and is refused with a clear error, while the legitimate users
 //! (processes of the domain itself, the host's user) still work.
 
-use std::io::{BufRead, BufReader};
+mod served;
+
+use served::{Served, BIN};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
@@ -11,35 +13,9 @@ use xen_platform::sim::{sock, SimControl};
 use xen_platform::xenstore_proto::client::Client;
 use xen_platform::{Access, DomId, Platform, PlatformKind};
 
-const BIN: &str = env!("CARGO_BIN_EXE_vrdma-simhost");
 const ACTIONS: &str = "XP_ISOLATION_ACTIONS";
 
-struct Served {
-    dir: tempfile::TempDir,
-    child: Child,
-}
-
 impl Served {
-    fn start() -> Served {
-        let dir = tempfile::tempdir().unwrap();
-        let mut child = Command::new(BIN)
-            .args(["serve", "--dir"])
-            .arg(dir.path())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert!(line.contains("serving"), "serve printed {line:?}");
-        Served { dir, child }
-    }
-
-    fn dir(&self) -> PathBuf {
-        self.dir.path().to_path_buf()
-    }
-
     fn create(&self) -> DomId {
         SimControl::connect(self.dir())
             .unwrap()
@@ -70,13 +46,6 @@ impl Served {
             .collect();
         assert_eq!(lines.len(), actions.split(',').count(), "{stdout}");
         lines
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

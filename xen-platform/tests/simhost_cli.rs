@@ -4,38 +4,14 @@
 #[path = "common/pingpong.rs"]
 mod pingpong;
 
+mod served;
+
+use served::{Served, BIN};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
-const BIN: &str = env!("CARGO_BIN_EXE_vrdma-simhost");
-
-struct Served {
-    dir: tempfile::TempDir,
-    child: Child,
-}
-
 impl Served {
-    fn start() -> Served {
-        let dir = tempfile::tempdir().unwrap();
-        let mut child = Command::new(BIN)
-            .args(["serve", "--dir"])
-            .arg(dir.path())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert!(line.contains("serving"), "serve printed {line:?}");
-        Served { dir, child }
-    }
-
-    fn dir(&self) -> PathBuf {
-        self.dir.path().to_path_buf()
-    }
-
     fn cmd(&self) -> Command {
         let mut c = Command::new(BIN);
         c.env(xen_platform::ENV_SIM_DIR, self.dir.path())
@@ -55,13 +31,6 @@ impl Served {
 
     fn run(&self, args: &[&str]) -> Output {
         self.cmd().args(args).output().unwrap()
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

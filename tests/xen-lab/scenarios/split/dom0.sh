@@ -47,6 +47,9 @@ for k in channels pds mrs mr-pages cqs qps; do
     [ "$v" = 0 ] || { lab_log "after the kill, stats/$k = '$v'"; fail=1; }
 done
 lab_log "labU2's killed process reclaimed: $(vrdmactl stats "$D2" | tr -s ' ' | tr '\n' ';')"
+# Only now may the domUs open channels again (a new channel would count in stats/channels).
+xenstore-write /lab/reclaim-checked 1
+lab_share_readable /lab/reclaim-checked "$D1" "$D2"
 
 # The backend killed with SIGKILL under traffic (labU1 WRITEs in a loop, labU2 waits), then
 # started again: both must see "device lost" (not hang), reopen, reconnect and verify data.

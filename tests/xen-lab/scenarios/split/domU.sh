@@ -145,6 +145,12 @@ wait_relay() {
 # "device lost" (dom0 times it), then reopen the device in the same process, reconnect to
 # each other through the new backend and verify SEND and WRITE data.
 restart() {
+    # dom0 first checks that the killed process's channel was reclaimed to zero.
+    i=0
+    until xenstore-read /lab/reclaim-checked >/dev/null 2>&1; do
+        i=$((i+1)); [ $i -gt 1200 ] && { echo "$NAME: dom0 never checked the reclaim"; return 1; }
+        sleep 0.1
+    done
     start_guest
     cmd open bypass && cmd cq c 64 && cmd qp q c c 64 64 || return 1
     EP=$REPLY
