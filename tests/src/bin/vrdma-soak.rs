@@ -955,12 +955,13 @@ mod attack {
         writes: u64,
     }
 
-    /// The largest region one grant call can share on the simulated host (16384 pages).
-    const HOG_REGION_MAX: u64 = 64 << 20;
+    /// The hog's region size: its two regions must fit the domain's share of mapped pages
+    /// (with the backend's defaults `[host] mapped-pages` 131072 ÷ `guests` 8 = 16384 pages,
+    /// 64 MiB for both), and one grant call shares at most 16384 pages on the simulated host.
+    const HOG_REGION_MAX: u64 = 16 << 20;
 
     /// [5] Huge WRITEs from one own region to another: `--hog-mib` per round, posted back to
-    /// back as WRITEs as big as one region may be (one region is at most 64 MiB on the
-    /// simulated host: its grant calls share at most 16384 pages).
+    /// back as WRITEs of [`HOG_REGION_MAX`] each.
     fn hog_round(a: &AttackArgs, state: &mut Option<Hog>) -> Result<(String, Breaches)> {
         if state.is_none() {
             let ctx = open(Duration::from_secs(10))?;
@@ -2111,6 +2112,16 @@ mod soak {
         }
         if backend_died || !backend_alive {
             fail("the backend process died".into());
+        }
+        // An attack whose every round failed was not run at all: say so rather than pass.
+        for (k, t) in &tallies {
+            if t.seconds >= 1.0 && t.rounds == 0 {
+                fail(format!(
+                    "attack {k:?} never completed a round ({} failed: {})",
+                    t.failed_rounds,
+                    t.first_failure.as_deref().unwrap_or("no detail")
+                ));
+            }
         }
         if !settled(&end) {
             fail(
