@@ -635,28 +635,25 @@ fn flush(qp: &Qp) -> bool {
         }
     }
     let mut r = lock(&qp.recv);
-    let mut rdid = false;
-    if let Some(raw) = r.reserved.take() {
+    let flush_recv = |raw: &[u8; WQE_LEN]| {
         let c = cqe(
             qp,
-            wr_id_of(&raw),
+            wr_id_of(raw),
             CqeOpcode::Recv,
             CqeStatus::WrFlushError,
             0,
         );
         qp.recv_cq.complete(&c, false);
+    };
+    // The RECV a SEND in pieces had reserved comes first: it was posted before the others.
+    let mut rdid = false;
+    if let Some(raw) = r.reserved.take() {
+        flush_recv(&raw);
         rdid = true;
     }
     for _ in 0..FLUSH_BUDGET {
         let Ok(Some(raw)) = r.rq.pop() else { break };
-        let c = cqe(
-            qp,
-            wr_id_of(&raw),
-            CqeOpcode::Recv,
-            CqeStatus::WrFlushError,
-            0,
-        );
-        qp.recv_cq.complete(&c, false);
+        flush_recv(&raw);
         rdid = true;
     }
     if rdid {
