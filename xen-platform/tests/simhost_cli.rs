@@ -7,7 +7,6 @@ mod pingpong;
 mod served;
 
 use served::{Served, BIN};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
@@ -261,23 +260,7 @@ fn a_second_host_on_the_same_dir_is_refused_and_a_dead_ones_leftovers_are_cleane
     s.child.wait().unwrap();
     assert!(s.dir().join("domains/1/hypercall.sock").exists());
     let dir = std::mem::replace(&mut s.dir, tempfile::tempdir().unwrap());
-    let s2 = Served {
-        child: {
-            let mut c = Command::new(BIN)
-                .args(["serve", "--dir"])
-                .arg(dir.path())
-                .stdout(Stdio::piped())
-                .spawn()
-                .unwrap();
-            let mut line = String::new();
-            BufReader::new(c.stdout.take().unwrap())
-                .read_line(&mut line)
-                .unwrap();
-            assert!(line.contains("serving"), "{line:?}");
-            c
-        },
-        dir,
-    };
+    let s2 = Served::start_in(dir);
     assert!(!s2.dir().join("domains/1").exists());
     assert_eq!(s2.ok(&["domain", "create"]).trim(), "1");
 }

@@ -14,7 +14,11 @@ pub struct Served {
 impl Served {
     /// Starts the host in a fresh directory and waits until it says it is serving.
     pub fn start() -> Served {
-        let dir = tempfile::tempdir().unwrap();
+        Served::start_in(tempfile::tempdir().unwrap())
+    }
+
+    /// Starts the host in `dir` (e.g. one an earlier, killed host left its sockets in).
+    pub fn start_in(dir: tempfile::TempDir) -> Served {
         let mut child = Command::new(BIN)
             .args(["serve", "--dir"])
             .arg(dir.path())
