@@ -6,36 +6,13 @@
 use shared_ring::abi::control::{access, QpState};
 use shared_ring::abi::cqe::{CqeOpcode, CqeStatus};
 use shared_ring::abi::wqe::WqeOpcode;
-use vrdma_backend::device::testkit::{connect, wqe, TestChannel, TestCq, TestQp};
+use vrdma_backend::device::testkit::{wqe, TestChannel, TestPair};
 use vrdma_backend::device::{ChannelMode, Device, EngineConfig, SoftDevice};
 
 const ALL: u32 = access::ALL;
 
-struct Pair {
-    a: TestChannel,
-    b: TestChannel,
-    acq: TestCq,
-    bcq: TestCq,
-    aqp: TestQp,
-    bqp: TestQp,
-}
-
-fn pair(dev: &SoftDevice, doms: (u16, u16)) -> Pair {
-    let mut a = TestChannel::open(dev, doms.0, ChannelMode::Bypass);
-    let mut b = TestChannel::open(dev, doms.1, ChannelMode::Bypass);
-    let acq = a.cq(dev, 8);
-    let bcq = b.cq(dev, 8);
-    let aqp = a.qp(dev, &acq, &acq, 6);
-    let bqp = b.qp(dev, &bcq, &bcq, 6);
-    connect(dev, &aqp, &bqp);
-    Pair {
-        a,
-        b,
-        acq,
-        bcq,
-        aqp,
-        bqp,
-    }
+fn pair(dev: &SoftDevice, doms: (u16, u16)) -> TestPair {
+    TestPair::connected(dev, doms, ChannelMode::Bypass)
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {

@@ -8,7 +8,7 @@ use shared_ring::abi::control::{access, QpState};
 use shared_ring::abi::cqe::{CqeOpcode, CqeStatus};
 use shared_ring::abi::event::EventKind;
 use shared_ring::abi::wqe::WqeOpcode;
-use vrdma_backend::device::testkit::{connect, wqe, TestChannel, TestCq, TestMr, TestQp};
+use vrdma_backend::device::testkit::{wqe, TestChannel, TestCq, TestMr, TestPair, TestQp};
 use vrdma_backend::device::{ChannelMode, Device, EngineConfig, SoftDevice};
 
 const ALL: u32 = access::ALL;
@@ -32,13 +32,14 @@ struct Good {
 
 impl Good {
     fn new(dev: &SoftDevice, doms: (u16, u16)) -> Good {
-        let mut a = TestChannel::open(dev, doms.0, ChannelMode::Bypass);
-        let mut b = TestChannel::open(dev, doms.1, ChannelMode::Bypass);
-        let acq = a.cq(dev, 8);
-        let bcq = b.cq(dev, 8);
-        let aqp = a.qp(dev, &acq, &acq, 6);
-        let bqp = b.qp(dev, &bcq, &bcq, 6);
-        connect(dev, &aqp, &bqp);
+        let TestPair {
+            mut a,
+            mut b,
+            acq,
+            bcq,
+            aqp,
+            bqp,
+        } = TestPair::connected(dev, doms, ChannelMode::Bypass);
         let amr = a.mr(dev, 4096, ALL);
         let bmr = b.mr(dev, 4096, ALL);
         let mut g = Good {

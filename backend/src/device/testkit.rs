@@ -315,6 +315,37 @@ pub fn connect(dev: &dyn Device, a: &TestQp, b: &TestQp) {
     }
 }
 
+/// Two channels of two domains, a CQ (256 CQEs) and a QP (64 WQEs each way) on each,
+/// the QPs connected to each other.
+pub struct TestPair {
+    pub a: TestChannel,
+    pub b: TestChannel,
+    pub acq: TestCq,
+    pub bcq: TestCq,
+    pub aqp: TestQp,
+    pub bqp: TestQp,
+}
+
+impl TestPair {
+    pub fn connected(dev: &dyn Device, doms: (u16, u16), mode: ChannelMode) -> TestPair {
+        let mut a = TestChannel::open(dev, doms.0, mode);
+        let mut b = TestChannel::open(dev, doms.1, mode);
+        let acq = a.cq(dev, 8);
+        let bcq = b.cq(dev, 8);
+        let aqp = a.qp(dev, &acq, &acq, 6);
+        let bqp = b.qp(dev, &bcq, &bcq, 6);
+        connect(dev, &aqp, &bqp);
+        TestPair {
+            a,
+            b,
+            acq,
+            bcq,
+            aqp,
+            bqp,
+        }
+    }
+}
+
 /// A WQE with SGEs.
 pub fn wqe(
     opcode: WqeOpcode,
