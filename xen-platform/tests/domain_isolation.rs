@@ -360,7 +360,14 @@ fn a_process_of_another_user_is_refused_even_where_the_files_let_it_in() {
         std::fs::Permissions::from_mode(0o777),
     )
     .unwrap();
-    let out = Command::new(BIN)
+    // A copy of the binary the other user can reach (the build tree may sit under a 0700
+    // directory, as a checkout in `mktemp -d` does).
+    let bin_dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(bin_dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = bin_dir.path().join("vrdma-simhost");
+    std::fs::copy(BIN, &bin).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = Command::new(&bin)
         .uid(65534)
         .gid(65534)
         .args(["domain", "list", "--dir"])
