@@ -60,24 +60,9 @@ impl SimHostConfig {
     }
 }
 
-/// Hooks the host calls as domains come and go (the XenStore side plugs in here).
-pub(crate) trait DomainHooks: Send + Sync {
-    /// A domain was created; `dir` is the host directory.
-    fn created(&self, dir: &Path, domid: DomId, name: &str) -> std::result::Result<(), String>;
-    /// A domain was destroyed (its processes are already killed).
-    fn destroyed(&self, dir: &Path, domid: DomId);
-    /// Serve an admitted connection to `domid`'s XenStore socket as that domain.
-    fn serve_xenstore(
-        &self,
-        domid: DomId,
-        stream: std::os::unix::net::UnixStream,
-    ) -> std::result::Result<(), String>;
-}
-
 /// A running simulated host (in this process). Dropping it stops it.
 pub struct SimHost {
     host: Arc<Host>,
-    xenstore: Arc<SimXenStore>,
 }
 
 struct Host {
@@ -89,7 +74,8 @@ struct Host {
     control_listener: OwnedFd,
     /// Control connections and refused domain connections: shut down when the host stops.
     side_conns: Mutex<HashMap<u64, OwnedFd>>,
-    hooks: Arc<dyn DomainHooks>,
+    /// The host's XenStore: told as domains come and go, serves admitted connections.
+    xenstore: SimXenStore,
 }
 
 #[derive(Default)]
@@ -227,8 +213,7 @@ impl SimHost {
     /// Start a host in `config.dir`, with its XenStore and dom0 ("Domain-0") created.
     pub fn start(config: SimHostConfig) -> Result<SimHost> {
         raise_fd_limit();
-        let xenstore = Arc::new(SimXenStore::new()?);
-        let hooks: Arc<dyn DomainHooks> = xenstore.clone();
+        let xenstore = SimXenStore::new()?;
         let dir = std::path::absolute(&config.dir)
             .map_err(|e| Error::os(format!("{}", config.dir.display()), e))?;
         std::fs::create_dir_all(dir.join("domains"))
@@ -251,7 +236,7 @@ impl SimHost {
             stopping: AtomicBool::new(false),
             control_listener,
             side_conns: Mutex::new(HashMap::new()),
-            hooks,
+            xenstore,
         });
         host.create_domain(0, "Domain-0", config.default_max_grants)
             .map_err(|f| Error::SimHost(f.message))?;
@@ -261,7 +246,7 @@ impl SimHost {
             .spawn(move || h.accept_loop(Listening::Control))
             .map_err(|e| Error::os("spawn control thread", e))?;
         tracing::info!("simulated Xen host serving {}", host.dir.display());
-        Ok(SimHost { host, xenstore })
+        Ok(SimHost { host })
     }
 
     /// The host directory.
@@ -292,7 +277,7 @@ impl SimHost {
 
     /// The embedded XenStore server (for in-process dom0 clients: `server.connect(0)`).
     pub fn xenstore_server(&self) -> &xenstore_proto::server::Server {
-        self.xenstore.server()
+        self.host.xenstore.server()
     }
 
     /// Stop serving: close every socket (processes see their host hang up).
@@ -423,7 +408,7 @@ impl Host {
             );
             st.next_domid = st.next_domid.max(domid.saturating_add(1));
         }
-        if let Err(e) = self.hooks.created(&self.dir, DomId(domid), name) {
+        if let Err(e) = self.xenstore.domain_created(DomId(domid), name) {
             let _ = self.destroy_inner(domid, true);
             return Err(fail(EINVAL, format!("domain {domid}: {e}")));
         }
@@ -482,7 +467,7 @@ impl Host {
         let dom = st.domains.remove(&domid).expect("present above");
         drop(st);
         drop(dom);
-        self.hooks.destroyed(&self.dir, DomId(domid));
+        self.xenstore.domain_destroyed(DomId(domid));
         let ddir = sock::domain_dir(&self.dir, domid);
         let _ = std::fs::remove_file(sock::hypercall_socket(&self.dir, domid));
         let _ = std::fs::remove_file(sock::xenstore_socket(&self.dir, domid));
@@ -567,8 +552,8 @@ impl Host {
                         continue;
                     }
                     if let Err(e) = self
-                        .hooks
-                        .serve_xenstore(DomId(domid), std::os::unix::net::UnixStream::from(conn))
+                        .xenstore
+                        .serve(DomId(domid), std::os::unix::net::UnixStream::from(conn))
                     {
                         tracing::warn!("XenStore connection to domain {domid}: {e}");
                     }

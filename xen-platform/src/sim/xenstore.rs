@@ -3,13 +3,10 @@
 //! only that domain's processes), with the nodes and permissions xl creates for a domain,
 //! `@introduceDomain` on create and `@releaseDomain` on destroy.
 
-use std::path::Path;
-
 use xenstore_proto::client::Client;
 use xenstore_proto::server::{Config, Server};
 use xenstore_proto::wire::{Perm, PermKind, Perms};
 
-use super::host::DomainHooks;
 use crate::error::{Error, Result};
 use crate::types::DomId;
 
@@ -87,10 +84,13 @@ impl SimXenStore {
             Ok(())
         })
     }
-}
 
-impl DomainHooks for SimXenStore {
-    fn created(&self, _dir: &Path, domid: DomId, name: &str) -> std::result::Result<(), String> {
+    /// A domain was created: its nodes, as xl makes them, and `@introduceDomain`.
+    pub(crate) fn domain_created(
+        &self,
+        domid: DomId,
+        name: &str,
+    ) -> std::result::Result<(), String> {
         if domid == DomId::DOM0 {
             // What xen-init-dom0 writes.
             self.dom0
@@ -106,7 +106,8 @@ impl DomainHooks for SimXenStore {
             .map_err(|e| format!("XenStore introduce: {e}"))
     }
 
-    fn serve_xenstore(
+    /// Serves an admitted connection to `domid`'s XenStore socket as that domain.
+    pub(crate) fn serve(
         &self,
         domid: DomId,
         stream: std::os::unix::net::UnixStream,
@@ -116,7 +117,9 @@ impl DomainHooks for SimXenStore {
             .map_err(|e| e.to_string())
     }
 
-    fn destroyed(&self, _dir: &Path, domid: DomId) {
+    /// A domain was destroyed (its processes are already killed): its nodes go and
+    /// `@releaseDomain` fires; dom0's destruction shuts the server down.
+    pub(crate) fn domain_destroyed(&self, domid: DomId) {
         if domid == DomId::DOM0 {
             self.server.shutdown();
             return;
