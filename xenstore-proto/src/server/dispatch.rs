@@ -8,8 +8,7 @@ use super::store::{
     canonical, domain_path, ConnId, Output, Store, DOMID_FIRST_RESERVED, FEATURES,
     FEATURE_WATCHDEPTH,
 };
-use super::tree::View;
-use super::txn::Txn;
+use super::txn::{Txn, View};
 use super::watch::{Event, Match, Watch};
 
 /// A successful reply, owned (the codec's [`Response`] borrows).
@@ -106,7 +105,7 @@ impl Store {
             let mut txn = c.txns.remove(&tx).ok_or(XsErrno::ENOENT)?;
             let r = op(&mut View::Txn(&self.tree, &mut txn), &mut events);
             if r.is_ok() {
-                txn.events.append(&mut events);
+                txn.queue_events(&mut events);
             }
             if let Some(c) = self.conns.get_mut(&conn) {
                 c.txns.insert(tx, txn);

@@ -4,7 +4,8 @@
 use crate::wire::{Perms, XsErrno, PAYLOAD_MAX};
 
 use super::config::Quotas;
-use super::tree::{basename, join, parent, Caller, Node, View, OWNER, READ, WRITE};
+use super::tree::{basename, join, parent, Caller, Node, OWNER, READ, WRITE};
+use super::txn::View;
 use super::watch::{Event, Match};
 
 /// Checks that `path` exists and `caller` has `need` on it. A missing node is `ENOENT` only

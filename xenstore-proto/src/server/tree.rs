@@ -1,11 +1,9 @@
-//! The node tree, access to it directly or through a transaction, and permission checks.
+//! The committed node tree and permission checks.
 
 use std::cell::Cell;
 use std::collections::HashMap;
 
 use crate::wire::{PermKind, Perms};
-
-use super::txn::Txn;
 
 /// One node: a value, its permissions, its children's names (in creation order, as
 /// xenstored lists them) and the generation of its last change.
@@ -216,73 +214,4 @@ impl Caller {
         }
         bits
     }
-}
-
-/// The store as one request sees it: committed, or through an open transaction.
-pub(crate) enum View<'a> {
-    Direct(&'a mut Tree),
-    Txn(&'a Tree, &'a mut Txn),
-}
-
-impl View<'_> {
-    pub fn get(&mut self, path: &str) -> Option<&Node> {
-        match self {
-            View::Direct(tree) => tree.nodes.get(path),
-            View::Txn(tree, txn) => {
-                if txn.overlay.contains_key(path) {
-                    return txn.overlay.get(path).and_then(Option::as_ref);
-                }
-                txn.accessed
-                    .entry(path.to_owned())
-                    .or_insert_with(|| tree.nodes.get(path).cloned())
-                    .as_ref()
-            }
-        }
-    }
-
-    pub fn set(&mut self, path: &str, mut node: Node) {
-        match self {
-            View::Direct(tree) => tree.set(path, node),
-            View::Txn(tree, txn) => {
-                let old_owner = self_owner(tree, txn, path);
-                node.generation = tree.next_generation();
-                txn.adjust(old_owner, Some(node.owner()));
-                txn.overlay.insert(path.to_owned(), Some(node));
-            }
-        }
-    }
-
-    pub fn remove(&mut self, path: &str) {
-        match self {
-            View::Direct(tree) => tree.remove(path),
-            View::Txn(tree, txn) => {
-                let old_owner = self_owner(tree, txn, path);
-                txn.adjust(old_owner, None);
-                txn.overlay.insert(path.to_owned(), None);
-            }
-        }
-    }
-
-    /// Nodes `domid` owns as this view sees them.
-    pub fn owned(&self, domid: u32) -> u32 {
-        match self {
-            View::Direct(tree) => tree.owned(domid),
-            View::Txn(tree, txn) => {
-                let n = i64::from(tree.owned(domid)) + txn.owned_delta(domid);
-                u32::try_from(n.max(0)).unwrap_or(u32::MAX)
-            }
-        }
-    }
-}
-
-/// Owner of `path` as the transaction sees it, recording the access.
-fn self_owner(tree: &Tree, txn: &mut Txn, path: &str) -> Option<u32> {
-    if let Some(entry) = txn.overlay.get(path) {
-        return entry.as_ref().map(Node::owner);
-    }
-    txn.accessed
-        .entry(path.to_owned())
-        .or_insert_with(|| tree.nodes.get(path).cloned())
-        .as_ref()
-        .map(Node::owner)
 }
