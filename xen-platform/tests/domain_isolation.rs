@@ -23,14 +23,15 @@ impl Served {
             .unwrap()
     }
 
-    /// Runs `actions` (see [`attack_role`]) in `domid` through `vrdma-simhost run`; one output
-    /// line per action.
-    fn attack(&self, domid: DomId, actions: &str) -> Vec<String> {
+    /// Runs `actions` (see [`attack`]) in `domid` through `vrdma-simhost run`, as this binary
+    /// running only `test`, which plays the attacker there ([`attacker`]); one output line per
+    /// action.
+    fn attack(&self, test: &str, domid: DomId, actions: &str) -> Vec<String> {
         let out = Command::new(BIN)
             .env(xen_platform::ENV_SIM_DIR, self.dir())
             .args(["run", &domid.0.to_string(), "--"])
             .arg(std::env::current_exe().unwrap())
-            .args(["--exact", "attack_role", "--nocapture", "--test-threads=1"])
+            .args(["--exact", test, "--nocapture", "--test-threads=1"])
             .env(ACTIONS, actions)
             .output()
             .unwrap();
@@ -60,15 +61,23 @@ fn assert_allowed(line: &str) {
     assert!(line.contains("=> ok:"), "expected success, got {line:?}");
 }
 
-/// Not a test of its own: what a process inside a domain tries, from `XP_ISOLATION_ACTIONS`
-/// (comma-separated): `xs:<domid>` reads `/local/domain/<domid>/name` on `<domid>`'s XenStore
-/// socket; `grant:<domid>` grants a page to dom0 through `<domid>`'s hypercall socket;
-/// `destroy:<domid>`, `create`, `adopt:<domid>:<pid>` use the control socket.
-#[test]
-fn attack_role() {
-    let Ok(actions) = std::env::var(ACTIONS) else {
-        return;
-    };
+/// In a child that [`Served::attack`] started (the calling test, re-run with
+/// `XP_ISOLATION_ACTIONS` set): plays the attacker and returns true. Else false.
+fn attacker() -> bool {
+    match std::env::var(ACTIONS) {
+        Ok(actions) => {
+            attack(&actions);
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+/// What a process inside a domain tries, from `actions` (comma-separated): `xs:<domid>` reads
+/// `/local/domain/<domid>/name` on `<domid>`'s XenStore socket; `grant:<domid>` grants a page
+/// to dom0 through `<domid>`'s hypercall socket; `destroy:<domid>`, `create`,
+/// `adopt:<domid>:<pid>` use the control socket. One line per action.
+fn attack(actions: &str) {
     let dir = PathBuf::from(std::env::var(xen_platform::ENV_SIM_DIR).unwrap());
     for action in actions.split(',') {
         let parts: Vec<&str> = action.split(':').collect();
@@ -110,9 +119,16 @@ fn attack_role() {
 
 #[test]
 fn a_domain_process_cannot_use_dom0s_xenstore_socket() {
+    if attacker() {
+        return;
+    }
     let s = Served::start();
     let d = s.create();
-    let r = s.attack(d, &format!("xs:0,xs:{}", d.0));
+    let r = s.attack(
+        "a_domain_process_cannot_use_dom0s_xenstore_socket",
+        d,
+        &format!("xs:0,xs:{}", d.0),
+    );
     assert_refused(&r[0], "EACCES");
     assert!(r[1].ends_with("=> ok: sim-guest-1"), "{}", r[1]);
     // dom0 itself still reads its own node.
@@ -125,10 +141,14 @@ fn a_domain_process_cannot_use_dom0s_xenstore_socket() {
 
 #[test]
 fn a_domain_process_cannot_use_another_domains_sockets() {
+    if attacker() {
+        return;
+    }
     let s = Served::start();
     let d1 = s.create();
     let d2 = s.create();
     let r = s.attack(
+        "a_domain_process_cannot_use_another_domains_sockets",
         d1,
         &format!("xs:{},grant:{},grant:0,grant:{}", d2.0, d2.0, d1.0),
     );
@@ -143,17 +163,28 @@ fn a_domain_process_cannot_use_another_domains_sockets() {
     );
     assert_allowed(&r[3]);
     // Domain 2's own process still uses its sockets.
-    let r = s.attack(d2, &format!("xs:{},grant:{}", d2.0, d2.0));
+    let r = s.attack(
+        "a_domain_process_cannot_use_another_domains_sockets",
+        d2,
+        &format!("xs:{},grant:{}", d2.0, d2.0),
+    );
     assert!(r[0].ends_with("=> ok: sim-guest-2"), "{}", r[0]);
     assert_allowed(&r[1]);
 }
 
 #[test]
 fn a_domain_process_cannot_create_or_destroy_domains() {
+    if attacker() {
+        return;
+    }
     let s = Served::start();
     let d1 = s.create();
     let d2 = s.create();
-    let r = s.attack(d1, &format!("destroy:{},create", d2.0));
+    let r = s.attack(
+        "a_domain_process_cannot_create_or_destroy_domains",
+        d1,
+        &format!("destroy:{},create", d2.0),
+    );
     for line in &r {
         assert_refused(line, "a domain cannot use the host's control socket");
     }
@@ -196,13 +227,20 @@ impl Drop for Sleeper {
 
 #[test]
 fn adopting_a_process_that_is_not_ones_own_child_is_refused() {
+    if attacker() {
+        return;
+    }
     let s = Served::start();
     let d1 = s.create();
     let d2 = s.create();
     // A process of the host's user, in its own process group: a domain process tries to get
     // it killed by having it adopted into a domain that is then destroyed.
     let mut victim = Sleeper::start();
-    let r = s.attack(d1, &format!("adopt:{}:{}", d2.0, victim.0.id()));
+    let r = s.attack(
+        "adopting_a_process_that_is_not_ones_own_child_is_refused",
+        d1,
+        &format!("adopt:{}:{}", d2.0, victim.0.id()),
+    );
     assert_refused(&r[0], "a domain cannot use the host's control socket");
     let ctl = SimControl::connect(s.dir()).unwrap();
     ctl.destroy_domain(d2).unwrap();
@@ -267,12 +305,15 @@ fn wait_gone(pid: u32) -> bool {
 
 #[test]
 fn a_daemonized_process_stays_in_its_domain() {
+    if attacker() {
+        return;
+    }
     let s = Served::start();
     let d = s.create();
     let out = s.dir().join("daemon.out");
     // `( cmd & )`: the subshell exits at once, so `cmd` is an orphan in a new session — what a
     // daemon is — and then tries dom0's XenStore.
-    let script = r#"(setsid "$0" --exact attack_role --nocapture --test-threads=1 >"$1" 2>&1 &)
+    let script = r#"(setsid "$0" --exact a_daemonized_process_stays_in_its_domain --nocapture --test-threads=1 >"$1" 2>&1 &)
         i=0
         while ! grep -q ACTION "$1" 2>/dev/null && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done"#;
     let st = Command::new(BIN)

@@ -276,20 +276,31 @@ fn bad_unmap_notify_arguments_are_refused() {
         .is_err());
 }
 
-// ---- process death: children are this test binary, re-run in a role ----
+// ---- process death: the children are this test binary, re-run on the test that starts them
+// with `XP_TEST_CHILD` set; that test then plays the child instead of running its own body. ----
 
-const ROLE: &str = "XP_TEST_ROLE";
+const CHILD: &str = "XP_TEST_CHILD";
 
+/// In a child started by [`child`]: the numbers it was given.
+fn child_args() -> Option<Vec<u32>> {
+    let args = std::env::var(CHILD).ok()?;
+    Some(
+        args.split_whitespace()
+            .map(|w| w.parse().unwrap())
+            .collect(),
+    )
+}
+
+/// Starts this binary as a process of `domid`, running only `test` (which plays the child).
 fn child(
-    role: &str,
+    test: &str,
     dir: &Path,
     domid: DomId,
     args: &str,
 ) -> (Child, BufReader<std::process::ChildStdout>) {
     let mut c = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_role", "--nocapture", "--test-threads=1"])
-        .env(ROLE, role)
-        .env("XP_TEST_ARGS", args)
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(CHILD, args)
         .env(xen_platform::ENV_SIM_DIR, dir)
         .env(xen_platform::ENV_SIM_DOMID, domid.to_string())
         .stdin(Stdio::piped())
@@ -308,7 +319,7 @@ fn ready_line(out: &mut BufReader<std::process::ChildStdout>) -> Vec<u32> {
             out.read_line(&mut line).unwrap() > 0,
             "child ended before READY"
         );
-        // libtest may have printed `test child_role ... ` on the same line.
+        // libtest may have printed `test <name> ... ` on the same line.
         if let Some(at) = line.find("READY") {
             return line[at + 5..]
                 .split_whitespace()
@@ -318,61 +329,56 @@ fn ready_line(out: &mut BufReader<std::process::ChildStdout>) -> Vec<u32> {
     }
 }
 
-/// Not a test of its own: the body of the child processes above (does nothing when run
-/// normally).
-#[test]
-fn child_role() {
-    let Ok(role) = std::env::var(ROLE) else {
-        return;
-    };
-    let args: Vec<u32> = std::env::var("XP_TEST_ARGS")
-        .unwrap()
-        .split_whitespace()
-        .map(|w| w.parse().unwrap())
-        .collect();
+/// The sharing child (args: peer): shares a page and a port with unmap-notify, then waits to
+/// be killed (or for the parent to go away: stdin closes).
+fn share_then_wait(args: &[u32]) -> ! {
     let p = Platform::detect().unwrap();
-    match role.as_str() {
-        // args: peer. Share a page + port with unmap-notify, then wait to be killed.
-        "share" => {
-            let peer = DomId(args[0] as u16);
-            let s = p.share_pages(peer, 1, Access::ReadWrite).unwrap();
-            let ev = p.alloc_unbound(peer).unwrap();
-            write_byte(s.as_ptr(), 100, 0xaa);
-            s.set_unmap_notify(UnmapNotify {
-                clear_byte: Some(100),
-                event: Some(ev.local_port()),
-            })
-            .unwrap();
-            println!("READY {} {}", s.grant_refs()[0], ev.local_port());
-            // Live until killed, or until the parent goes away (stdin closes).
-            let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
-            std::process::exit(0);
-        }
-        // args: peer gref port. Map + bind with unmap-notify, then die abruptly.
-        "map" => {
-            let peer = DomId(args[0] as u16);
-            let m = p
-                .map_grants(peer, &[GrantRef(args[1])], Access::ReadWrite)
-                .unwrap();
-            let ev = p.bind_interdomain(peer, EvtchnPort(args[2])).unwrap();
-            m.set_unmap_notify(UnmapNotify {
-                clear_byte: Some(200),
-                event: Some(ev.local_port()),
-            })
-            .unwrap();
-            println!("READY");
-            std::process::abort();
-        }
-        other => panic!("unknown role {other}"),
-    }
+    let peer = DomId(args[0] as u16);
+    let s = p.share_pages(peer, 1, Access::ReadWrite).unwrap();
+    let ev = p.alloc_unbound(peer).unwrap();
+    write_byte(s.as_ptr(), 100, 0xaa);
+    s.set_unmap_notify(UnmapNotify {
+        clear_byte: Some(100),
+        event: Some(ev.local_port()),
+    })
+    .unwrap();
+    println!("READY {} {}", s.grant_refs()[0], ev.local_port());
+    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
+    std::process::exit(0);
+}
+
+/// The mapping child (args: peer gref port): maps and binds with unmap-notify, then dies
+/// abruptly.
+fn map_then_die(args: &[u32]) -> ! {
+    let p = Platform::detect().unwrap();
+    let peer = DomId(args[0] as u16);
+    let m = p
+        .map_grants(peer, &[GrantRef(args[1])], Access::ReadWrite)
+        .unwrap();
+    let ev = p.bind_interdomain(peer, EvtchnPort(args[2])).unwrap();
+    m.set_unmap_notify(UnmapNotify {
+        clear_byte: Some(200),
+        event: Some(ev.local_port()),
+    })
+    .unwrap();
+    println!("READY");
+    std::process::abort();
 }
 
 #[test]
 fn unmap_notify_fires_when_the_sharing_process_dies() {
+    if let Some(args) = child_args() {
+        share_then_wait(&args);
+    }
     let h = Host::new();
     let (d1, _) = h.domain();
     let (d2, p2) = h.domain();
-    let (mut c, mut out) = child("share", &h.dir(), d1, &d2.to_string());
+    let (mut c, mut out) = child(
+        "unmap_notify_fires_when_the_sharing_process_dies",
+        &h.dir(),
+        d1,
+        &d2.to_string(),
+    );
     let v = ready_line(&mut out);
     let m = p2
         .map_grants(d1, &[GrantRef(v[0])], Access::ReadWrite)
@@ -394,6 +400,9 @@ fn unmap_notify_fires_when_the_sharing_process_dies() {
 
 #[test]
 fn unmap_notify_fires_when_the_mapping_process_dies() {
+    if let Some(args) = child_args() {
+        map_then_die(&args);
+    }
     let h = Host::new();
     let (d1, p1) = h.domain();
     let (d2, _) = h.domain();
@@ -401,7 +410,12 @@ fn unmap_notify_fires_when_the_mapping_process_dies() {
     let ev = p1.alloc_unbound(d2).unwrap();
     write_byte(s.as_ptr(), 200, 0xbb);
     let args = format!("{} {} {}", d1, s.grant_refs()[0], ev.local_port());
-    let (mut c, mut out) = child("map", &h.dir(), d2, &args);
+    let (mut c, mut out) = child(
+        "unmap_notify_fires_when_the_mapping_process_dies",
+        &h.dir(),
+        d2,
+        &args,
+    );
     ready_line(&mut out);
     assert!(!c.wait().unwrap().success());
     assert!(

@@ -179,14 +179,10 @@ fn destroy_kills_the_domains_processes() {
 
 const ROLE: &str = "XP_CLI_ROLE";
 
-/// Not a test of its own: the ping-pong roles, run inside domains by `vrdma-simhost run`.
-#[test]
-fn pingpong_role() {
-    let Ok(role) = std::env::var(ROLE) else {
-        return;
-    };
+/// A ping-pong side, in a child that `role_in_domain` started inside a domain.
+fn play_pingpong(role: &str) {
     let file = PathBuf::from(std::env::var("XP_CLI_FILE").unwrap());
-    let r = match role.as_str() {
+    let r = match role {
         "offer" => pingpong::offer(
             xen_platform::DomId(std::env::var("XP_CLI_PEER").unwrap().parse().unwrap()),
             &file,
@@ -198,13 +194,15 @@ fn pingpong_role() {
     r.unwrap();
 }
 
+/// Runs this binary in `domid` through `vrdma-simhost run`, running only the ping-pong test,
+/// which plays `role` there.
 fn role_in_domain(s: &Served, domid: &str, role: &str, file: &Path, peer: &str) -> Child {
     s.cmd()
         .args(["run", domid, "--"])
         .arg(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "pingpong_role",
+            "two_processes_in_two_domains_ping_pong",
             "--nocapture",
             "--test-threads=1",
         ])
@@ -218,6 +216,10 @@ fn role_in_domain(s: &Served, domid: &str, role: &str, file: &Path, peer: &str) 
 
 #[test]
 fn two_processes_in_two_domains_ping_pong() {
+    // The two sides are this test, re-run inside the domains with `XP_CLI_ROLE` set.
+    if let Ok(role) = std::env::var(ROLE) {
+        return play_pingpong(&role);
+    }
     let s = Served::start();
     let a = s
         .ok(&["domain", "create", "--name", "front"])
