@@ -203,7 +203,12 @@ mod tests {
         p.sim_dir = Some("/tmp/x".into());
         for bad in ["", "x", "65535", "-1", "32752"] {
             p.sim_domid = Some(bad.into());
-            assert!(detect_with(&p).is_err(), "{bad:?} accepted");
+            match detect_with(&p) {
+                Err(Error::InvalidArgument(m)) => {
+                    assert!(m.contains("is not a domain id"), "{bad:?}: {m}")
+                }
+                other => panic!("{bad:?}: {other:?}"),
+            }
         }
     }
 }

@@ -160,7 +160,11 @@ fn event_channels_connect_only_the_offered_domain() {
     assert!(matches!(e, Error::Evtchn(_)), "{e}");
     let b = p2.bind_interdomain(d1, a.local_port()).unwrap();
     // A port can be bound once.
-    assert!(p2.bind_interdomain(d1, a.local_port()).is_err());
+    let e = p2.bind_interdomain(d1, a.local_port()).unwrap_err();
+    assert!(
+        matches!(e, Error::Evtchn(ref m) if m.contains("is not an unbound port offered to")),
+        "{e}"
+    );
     b.notify().unwrap();
     assert!(a.wait_timeout(WAIT).unwrap());
     assert!(!a.consume().unwrap(), "one notify, one event");
@@ -246,7 +250,11 @@ fn unmap_notify_fires_when_the_sharer_releases() {
     // The mapper keeps its pages (as with gntalloc), and sees the byte cleared.
     assert_eq!(read_byte(m.as_ptr(), 4096 + 3), 0);
     // The grants are gone for new mappings.
-    assert!(p2.map_grants(d1, &refs, Access::ReadOnly).is_err());
+    let e = p2.map_grants(d1, &refs, Access::ReadOnly).unwrap_err();
+    assert!(
+        matches!(e, Error::GrantRefused { errno: 22, ref reason, .. } if reason.contains("has no grant")),
+        "{e}"
+    );
 }
 
 #[test]
@@ -255,25 +263,39 @@ fn bad_unmap_notify_arguments_are_refused() {
     let (d1, p1) = h.domain();
     let (d2, p2) = h.domain();
     let s = p1.share_pages(d2, 1, Access::ReadOnly).unwrap();
-    assert!(s
+    let e = s
         .set_unmap_notify(UnmapNotify {
             clear_byte: Some(4096),
-            event: None
+            event: None,
         })
-        .is_err());
-    assert!(s
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidArgument(ref m) if m.contains("byte 4096 is outside the 4096-byte region")),
+        "{e}"
+    );
+    let e = s
         .set_unmap_notify(UnmapNotify {
             clear_byte: None,
-            event: Some(EvtchnPort(999))
+            event: Some(EvtchnPort(999)),
         })
-        .is_err());
+        .unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(22), "{e}");
+    assert!(
+        e.to_string()
+            .contains("port 999 is not bound in this domain"),
+        "{e}"
+    );
     let m = p2.map_grants(d1, s.grant_refs(), Access::ReadOnly).unwrap();
-    assert!(m
+    let e = m
         .set_unmap_notify(UnmapNotify {
             clear_byte: Some(0),
-            event: None
+            event: None,
         })
-        .is_err());
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidArgument(ref m) if m.contains("cannot clear a byte of a read-only mapping")),
+        "{e}"
+    );
 }
 
 // ---- process death: the children are this test binary, re-run on the test that starts them
@@ -460,9 +482,13 @@ fn destroying_a_domain_releases_everything_it_held() {
     let e = p2.alloc_unbound(d1).unwrap_err();
     assert!(e.to_string().contains("hung up"), "{e}");
     // New mappings of its grants fail.
-    assert!(p1
+    let e = p1
         .map_grants(d2, from_d2.grant_refs(), Access::ReadOnly)
-        .is_err());
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::GrantRefused { errno: 3, ref reason, .. } if reason.contains("no domain")),
+        "{e}"
+    );
     // dom1 keeps what it owns.
     let d1i = h
         .host
@@ -473,11 +499,15 @@ fn destroying_a_domain_releases_everything_it_held() {
     assert_eq!((d1i.grants, d1i.mappings, d1i.ports), (1, 1, 1));
     // Its sockets are gone.
     assert!(!xen_platform::sim::sock::hypercall_socket(&h.dir(), d2.0).exists());
-    assert!(Platform::open(PlatformKind::Sim {
+    let e = Platform::open(PlatformKind::Sim {
         dir: h.dir(),
-        domid: d2
+        domid: d2,
     })
-    .is_err());
+    .unwrap_err();
+    assert!(
+        matches!(e, Error::SimHost(ref m) if m.contains(&format!("no domain {d2}"))),
+        "{e}"
+    );
 }
 
 #[test]
@@ -514,7 +544,11 @@ fn malformed_hypercalls_get_errors_and_the_host_survives() {
     assert!(answer(&s).is_ok());
     // Handles of someone else are refused.
     wire::send(&s, &proto::Request::GrantDealloc { handle: 1 }.emit(), &[]).unwrap();
-    assert!(answer(&s).is_err());
+    let a = answer(&s);
+    assert!(
+        matches!(a, Err(ref f) if f.errno == 22 && f.message == "no grant allocation 1 in this process"),
+        "{a:?}"
+    );
     // A process that dies mid-request.
     let s2 = sock::connect(&path).unwrap();
     wire::send(

@@ -174,7 +174,10 @@ fn listener_stop_removes_the_socket() {
     .unwrap();
     listener.stop();
     assert!(!path.exists());
-    assert!(UnixStream::connect(&path).is_err());
+    assert_eq!(
+        UnixStream::connect(&path).unwrap_err().kind(),
+        std::io::ErrorKind::NotFound
+    );
     // Accepted connections go on.
     call(
         &mut c,

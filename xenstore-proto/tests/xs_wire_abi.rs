@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
 
-use xenstore_proto::wire::{self, MsgType, XsErrno};
+use xenstore_proto::wire::{self, MsgType, WireError, XsErrno};
 
 const HEADER: &str = "/usr/include/xen/io/xs_wire.h";
 
@@ -112,7 +112,10 @@ fn codec_matches_xs_wire_h() {
     }
     assert!(checked >= 22, "only {checked} types found in the header");
     assert_eq!(num("XS_INVALID") as u32, MsgType::INVALID);
-    assert!(MsgType::from_u32(MsgType::INVALID).is_err());
+    assert_eq!(
+        MsgType::from_u32(MsgType::INVALID),
+        Err(WireError::UnknownType(MsgType::INVALID))
+    );
     // A WATCH_EVENT carries the path first, then the token.
     assert_eq!((num("XS_WATCH_PATH"), num("XS_WATCH_TOKEN")), (0, 1));
 

@@ -602,7 +602,10 @@ mod tests {
     fn oversized_ref_count_is_rejected() {
         let mut w = Writer::default();
         w.u16(op::MAP).u16(1).bool(true).u32(u32::MAX);
-        assert!(Request::parse(&w.buf).is_err());
+        assert_eq!(
+            Request::parse(&w.buf),
+            Err(Malformed("ref count: count 4294967295 too large".into()))
+        );
     }
 
     proptest! {

@@ -262,14 +262,23 @@ mod tests {
     #[test]
     fn reader_rejects_short_and_trailing() {
         let mut r = Reader::new(&[1, 0]);
-        assert!(r.u32("x").is_err());
+        assert_eq!(
+            r.u32("x"),
+            Err(Malformed("x: message ends at byte 2".into()))
+        );
         let mut r = Reader::new(&[1, 0, 0]);
         r.u16("a").unwrap();
-        assert!(r.finish("m").is_err());
+        assert_eq!(
+            r.finish("m"),
+            Err(Malformed("m: 1 trailing byte(s)".into()))
+        );
         let mut r = Reader::new(&[2]);
-        assert!(r.bool("b").is_err());
+        assert_eq!(r.bool("b"), Err(Malformed("b: 2 is not a boolean".into())));
         let mut r = Reader::new(&[0xff, 0xff, 0xff, 0xff]);
-        assert!(r.count("n", 10, 4).is_err());
+        assert_eq!(
+            r.count("n", 10, 4),
+            Err(Malformed("n: count 4294967295 too large".into()))
+        );
     }
 
     #[test]

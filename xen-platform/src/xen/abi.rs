@@ -435,7 +435,11 @@ mod tests {
         // The comparison can fail: a single wrong number is caught.
         let mut wrong = layout_table();
         wrong[3].1 += 1;
-        assert!(compare(&c, &wrong).is_err());
+        let (name, value) = wrong[3];
+        assert_eq!(
+            compare(&c, &wrong),
+            Err(format!("{name}: C says {}, Rust says {value}", value - 1))
+        );
     }
 
     /// The kernel uapi headers as installed at `/usr/include/xen/{gntalloc,gntdev,evtchn}.h`.

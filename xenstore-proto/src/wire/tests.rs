@@ -36,7 +36,10 @@ fn message_type_numbers_follow_xs_wire_h() {
     }
     assert_eq!(MsgType::from_u32(20), Err(WireError::UnknownType(20)));
     assert_eq!(MsgType::from_u32(27), Err(WireError::UnknownType(27)));
-    assert!(MsgType::from_u32(MsgType::INVALID).is_err());
+    assert_eq!(
+        MsgType::from_u32(MsgType::INVALID),
+        Err(WireError::UnknownType(MsgType::INVALID))
+    );
 }
 
 #[test]
@@ -553,17 +556,51 @@ fn responses_round_trip_from_literal_bytes() {
 
 #[test]
 fn malformed_responses_are_typed_errors() {
-    assert!(Response::parse(MsgType::Write, b"OK").is_err());
-    assert!(Response::parse(MsgType::Write, b"NO\0").is_err());
+    let expected_ok = Err(WireError::BadReply {
+        ty: MsgType::Write,
+        why: "expected OK",
+    });
+    assert_eq!(Response::parse(MsgType::Write, b"OK"), expected_ok);
+    assert_eq!(Response::parse(MsgType::Write, b"NO\0"), expected_ok);
     assert_eq!(
         Response::parse(MsgType::Error, b"EWHAT\0"),
         Err(WireError::UnknownErrno("EWHAT".into()))
     );
-    assert!(Response::parse(MsgType::TransactionStart, b"x\0").is_err());
-    assert!(Response::parse(MsgType::DirectoryPart, b"").is_err());
-    assert!(Response::parse(MsgType::DirectoryPart, b"1\0a\0\0\0").is_err());
-    assert!(Response::parse(MsgType::GetPerms, b"").is_err());
-    assert!(Response::parse(MsgType::IsDomainIntroduced, b"Y\0").is_err());
+    assert_eq!(
+        Response::parse(MsgType::TransactionStart, b"x\0"),
+        Err(WireError::BadNumber {
+            ty: MsgType::TransactionStart,
+            text: "x".into()
+        })
+    );
+    assert_eq!(
+        Response::parse(MsgType::DirectoryPart, b""),
+        Err(WireError::BadReply {
+            ty: MsgType::DirectoryPart,
+            why: "no generation"
+        })
+    );
+    assert_eq!(
+        Response::parse(MsgType::DirectoryPart, b"1\0a\0\0\0"),
+        Err(WireError::BadReply {
+            ty: MsgType::DirectoryPart,
+            why: "empty child name"
+        })
+    );
+    assert_eq!(
+        Response::parse(MsgType::GetPerms, b""),
+        Err(WireError::BadReply {
+            ty: MsgType::GetPerms,
+            why: "no permissions"
+        })
+    );
+    assert_eq!(
+        Response::parse(MsgType::IsDomainIntroduced, b"Y\0"),
+        Err(WireError::BadReply {
+            ty: MsgType::IsDomainIntroduced,
+            why: "expected T or F"
+        })
+    );
 }
 
 #[test]
