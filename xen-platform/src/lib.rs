@@ -1,8 +1,9 @@
 //! Grants, event channels and XenStore transport, on real Xen and on the simulated Xen host.
 //!
-//! This is the one place where real Xen and the simulator differ (DESIGN.md §1–3). Code above
-//! it uses [`Platform`] and the handle types ([`SharedPages`], [`ForeignMapping`],
-//! [`EventChannel`]) and never learns which platform it runs on:
+//! This is the one place where real Xen and the simulator differ (docs/platform.md; where it
+//! sits among the crates: docs/architecture.md). Code above it uses [`Platform`] and the handle
+//! types ([`SharedPages`], [`ForeignMapping`], [`EventChannel`]) and never learns which
+//! platform it runs on:
 //!
 //! - **real Xen**: `/dev/xen/gntalloc`, `/dev/xen/gntdev`, `/dev/xen/evtchn` through their
 //!   ioctls ([`xen::abi`], checked against the C headers), no C Xen library;
