@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::*;
-use vrdma_perf::lab::Lab;
+use vrdma_demo::lab::Lab;
 
 fn build_pingpong(dir: &std::path::Path) -> std::path::PathBuf {
     libvrdma();

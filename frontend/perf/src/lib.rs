@@ -1,10 +1,9 @@
 //! `vrdma-perf`: perftest-style benchmarks over the `vrdma` library (`send_lat`, `write_lat`,
-//! `read_lat`, `send_bw`, `write_bw`, `read_bw`), with in-run baselines; and the pieces of
-//! `vrdma-demo`, which runs them across two guest domains of an embedded simulated Xen host.
-//! See docs/benchmarks.md, "vrdma-perf".
+//! `read_lat`, `send_bw`, `write_bw`, `read_bw`), with in-run baselines. A guest tool: it
+//! links the `vrdma` library only; `vrdma-demo` (crate `demo/`) runs it across two guest
+//! domains of an embedded simulated Xen host. See docs/benchmarks.md, "vrdma-perf".
 
 pub mod baseline;
-pub mod lab;
 pub mod run;
 pub mod stats;
 

@@ -3,8 +3,8 @@
 //! attaches a vrdma device to each as the toolstack does, runs `vrdma-perf` server and client
 //! in the two domains (this binary re-executed as `vrdma-demo __perf ...`), for latency and
 //! bandwidth, bypass and mediated, with in-run baselines, prints the tables and a summary of
-//! the DESIGN §10 ratios, then shuts everything down (guests closed, domains destroyed,
-//! backend stopped, host sockets and directory removed).
+//! the speed-target ratios (the targets table of docs/benchmarks.md), then shuts everything
+//! down (guests closed, domains destroyed, backend stopped, host sockets and directory removed).
 //!
 //! `cargo run --release --bin vrdma-demo` (add `-- --quick` for a few seconds' version).
 
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
 use clap::Parser;
-use vrdma_perf::lab::{step, Guest, Lab};
+use vrdma_demo::lab::{step, Guest, Lab};
 use vrdma_perf::PerfArgs;
 use xen_platform::DomId;
 
@@ -281,14 +281,16 @@ fn summary(results: &[(String, String, serde_json::Value)]) {
             .find(|(tt, mm, _)| tt == t && mm == m)
             .map(|(_, _, j)| j)
     };
-    println!("=== summary: DESIGN §10 ratios measured in this run ===");
+    println!(
+        "=== summary: the speed targets (docs/benchmarks.md, the targets table), measured in this run ==="
+    );
     if let Some(by) = get("send_lat", "bypass") {
         if let (Some(t), Some(cl)) = (
             first_row(by, "latency", 64, "t_typical_usec"),
             by["baselines"]["cache_line_rtt"]["t_typical_usec"].as_f64(),
         ) {
             println!(
-                "bypass SEND 64 B one-way {t:.2} usec ÷ cache-line one-way {:.3} usec = {:.1}  (a two-process ping-pong through the engine; DESIGN's ≤ 2.0 is for a single post→CQE round trip)",
+                "bypass SEND 64 B one-way {t:.2} usec ÷ cache-line one-way {:.3} usec = {:.1}  (a two-process ping-pong through the engine; the ≤ 2.0 target is for a single post→CQE round trip)",
                 cl / 2.0,
                 t / (cl / 2.0)
             );
