@@ -10,6 +10,10 @@
 //! - Live channels are opaque [`ChannelLink`]s made by a [`ChannelOpener`] (the control
 //!   service in the daemon, a fake in tests). Closing a link reclaims everything it held
 //!   (perhaps just after `close` returns: it never waits long on a guest).
+//!
+//! Modules, each importing only the ones before it: `paths` (XenStore paths and read/write
+//! helpers), `channel` (the per-channel handshake of one device, `DeviceChannels`), `backend`
+//! (device records and the device-level state machine, which calls `DeviceChannels`).
 
 mod backend;
 mod channel;
