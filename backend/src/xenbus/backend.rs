@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use shared_ring::abi::xenstore::DeviceKey;
 use xenstore_proto::client::{Result, XenbusStore, XenbusStoreExt};
 
 use super::channel::DeviceChannels;
@@ -240,13 +241,13 @@ impl XenbusBackend {
         if !self.devices.contains_key(&id) {
             return self.discover(id);
         }
-        let Some(state) = self.store.read_opt(&format!("{base}/state"))? else {
+        let Some(state) = self.store.read_opt(&DeviceKey::State.path(&base))? else {
             // The toolstack removed the device (detach finished, or a plain rm).
             self.vanished(id);
             return Ok(());
         };
         let state = XenbusState::parse(&state);
-        let online = read_flag(&*self.store, &format!("{base}/online"))?;
+        let online = read_flag(&*self.store, &DeviceKey::Online.path(&base))?;
         let written = self.devices[&id].written;
         if state != written {
             match state {
@@ -265,14 +266,14 @@ impl XenbusBackend {
 
     fn discover(&mut self, id: DeviceId) -> Result<()> {
         let base = device_backend_path(self.backend_domid, id);
-        let frontend = self.store.read_opt(&format!("{base}/frontend"))?;
-        let state = self.store.read_opt(&format!("{base}/state"))?;
+        let frontend = self.store.read_opt(&DeviceKey::Frontend.path(&base))?;
+        let state = self.store.read_opt(&DeviceKey::State.path(&base))?;
         let (Some(frontend), Some(state)) = (frontend, state) else {
             tracing::debug!(device = %id, "incomplete device node; waiting for the toolstack");
             return Ok(());
         };
         let expected = device_frontend_path(id);
-        let frontend_id = self.store.read_opt(&format!("{base}/frontend-id"))?;
+        let frontend_id = self.store.read_opt(&DeviceKey::FrontendId.path(&base))?;
         if frontend != expected.as_bytes()
             || frontend_id
                 .as_deref()
@@ -311,7 +312,7 @@ impl XenbusBackend {
             .rm(&format!("{base}/stats"))
             .or_else(ignore_enoent)?;
         self.devices.insert(id, record);
-        let online = read_flag(&*self.store, &format!("{base}/online"))?;
+        let online = read_flag(&*self.store, &DeviceKey::Online.path(&base))?;
         let state = XenbusState::parse(&state);
         tracing::info!(
             device = %id,
@@ -342,13 +343,13 @@ impl XenbusBackend {
             .join(" ");
         let info = &self.info;
         self.store.transaction(|t| {
-            t.write(&format!("{base}/versions"), versions.as_bytes())?;
-            t.write(&format!("{base}/kind"), info.kind.as_bytes())?;
+            t.write(&DeviceKey::Versions.path(&base), versions.as_bytes())?;
+            t.write(&DeviceKey::Kind.path(&base), info.kind.as_bytes())?;
             for (key, value) in &info.limits {
                 t.write(&format!("{base}/{key}"), value.to_string().as_bytes())?;
             }
             t.write(
-                &format!("{base}/state"),
+                &DeviceKey::State.path(&base),
                 XenbusState::InitWait.value().as_bytes(),
             )
         })?;
@@ -366,7 +367,7 @@ impl XenbusBackend {
         if d.written == Some(state) {
             return Ok(());
         }
-        let path = format!("{}/state", d.backend_path);
+        let path = DeviceKey::State.path(&d.backend_path);
         // Only while the node exists: the toolstack may have removed it already.
         let base = d.backend_path.clone();
         self.store.transaction(|t| {
@@ -422,7 +423,7 @@ impl XenbusBackend {
             return Ok(());
         };
         let fpath = dev.frontend_path.clone();
-        let Some(fstate) = self.store.read_opt(&format!("{fpath}/state"))? else {
+        let Some(fstate) = self.store.read_opt(&DeviceKey::State.path(&fpath))? else {
             if dev.frontend_seen {
                 return self.frontend_gone(id, CloseReason::DomainGone);
             }
@@ -458,7 +459,7 @@ impl XenbusBackend {
             {
                 // The frontend starts over after a close; serve it again if still online.
                 let base = self.devices[&id].backend_path.clone();
-                if read_flag(&*self.store, &format!("{base}/online"))? {
+                if read_flag(&*self.store, &DeviceKey::Online.path(&base))? {
                     tracing::info!(device = %id, "frontend re-initialising the device");
                     self.publish_init_wait(id)?;
                 }

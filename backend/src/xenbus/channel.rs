@@ -7,6 +7,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use shared_ring::abi::xenstore::{
+    channel_path, ChannelKey, CHANNEL_DIR, MODE_BYPASS, MODE_MEDIATED,
+};
 use shared_ring::PROTOCOL_VERSION;
 use xenstore_proto::client::{Result, XenbusStore, XenbusStoreExt};
 
@@ -85,7 +88,7 @@ impl DeviceChannels {
     /// process: they are closed with "backend restarted", and forgotten once the frontend
     /// removes them. Returns how many were still open.
     pub(super) fn adopt_stale(&mut self, store: &dyn XenbusStore) -> Result<usize> {
-        let dir = format!("{}/channel", self.backend_path);
+        let dir = format!("{}/{CHANNEL_DIR}", self.backend_path);
         let mut n_closed = 0;
         for name in list(store, &dir)? {
             let Some(n) = paths::parse_index(&name) else {
@@ -93,13 +96,13 @@ impl DeviceChannels {
             };
             let p = format!("{dir}/{name}");
             let state = store
-                .read_opt(&format!("{p}/state"))?
+                .read_opt(&ChannelKey::State.path(&p))?
                 .and_then(|v| XenbusState::parse(&v));
             if state != Some(XenbusState::Closed) {
                 store.transaction(|t| {
-                    t.write(&format!("{p}/error"), b"backend restarted")?;
+                    t.write(&ChannelKey::Error.path(&p), b"backend restarted")?;
                     t.write(
-                        &format!("{p}/state"),
+                        &ChannelKey::State.path(&p),
                         XenbusState::Closed.value().as_bytes(),
                     )
                 })?;
@@ -122,8 +125,8 @@ impl DeviceChannels {
         active: bool,
     ) -> Result<()> {
         let id = self.device;
-        let fdir = format!("{}/channel", self.frontend_path);
-        let bdir = format!("{}/channel", self.backend_path);
+        let fdir = format!("{}/{CHANNEL_DIR}", self.frontend_path);
+        let bdir = format!("{}/{CHANNEL_DIR}", self.backend_path);
         let mut frontend: BTreeMap<u32, (Option<XenbusState>, Nonce)> = BTreeMap::new();
         for name in list(store, &fdir)? {
             let Some(n) = paths::parse_index(&name) else {
@@ -133,7 +136,7 @@ impl DeviceChannels {
             // a state read after it is of the same instance or a later one.
             let nonce = read_nonce(store, &format!("{fdir}/{name}"))?;
             let st = store
-                .read_opt(&format!("{fdir}/{name}/state"))?
+                .read_opt(&ChannelKey::State.path(&format!("{fdir}/{name}")))?
                 .and_then(|v| XenbusState::parse(&v));
             frontend.insert(n, (st, nonce));
         }
@@ -218,7 +221,7 @@ impl DeviceChannels {
         n: u32,
     ) -> Result<()> {
         let id = self.device;
-        let fpath = format!("{}/channel/{n}", self.frontend_path);
+        let fpath = channel_path(&self.frontend_path, n);
         // The nonce first (see scan): the fields read after it are of its instance.
         let nonce = read_nonce(store, &fpath)?;
         let nonce_ref = nonce.as_deref();
@@ -239,14 +242,15 @@ impl DeviceChannels {
                 return self.refuse(store, n, nonce_ref, &why);
             }
         };
-        let bpath = format!("{}/channel/{n}", self.backend_path);
+        let bpath = channel_path(&self.backend_path, n);
         let written = store.transaction(|t| {
-            if t.exists(&format!("{bpath}/error"))? {
-                t.rm(&format!("{bpath}/error"))?;
+            let err = ChannelKey::Error.path(&bpath);
+            if t.exists(&err)? {
+                t.rm(&err)?;
             }
             write_nonce(t, &bpath, nonce_ref)?;
             t.write(
-                &format!("{bpath}/state"),
+                &ChannelKey::State.path(&bpath),
                 XenbusState::Connected.value().as_bytes(),
             )
         });
@@ -273,8 +277,8 @@ impl DeviceChannels {
         n: u32,
         fpath: &str,
     ) -> Result<std::result::Result<ChannelRequest, String>> {
-        let read_u32 = |key: &str| -> Result<std::result::Result<u32, String>> {
-            let path = format!("{fpath}/{key}");
+        let read_u32 = |key: ChannelKey| -> Result<std::result::Result<u32, String>> {
+            let path = key.path(fpath);
             Ok(match store.read_opt(&path)? {
                 None => Err(format!("channel/{n}/{key} is missing")),
                 Some(v) => std::str::from_utf8(&v)
@@ -288,7 +292,7 @@ impl DeviceChannels {
                     }),
             })
         };
-        let version = match read_u32("version")? {
+        let version = match read_u32(ChannelKey::Version)? {
             Ok(v) => v,
             Err(e) => return Ok(Err(e)),
         };
@@ -297,23 +301,25 @@ impl DeviceChannels {
                 "protocol version {version} is not supported; this backend speaks version {PROTOCOL_VERSION}"
             )));
         }
-        let ring_ref = match read_u32("ring-ref")? {
+        let ring_ref = match read_u32(ChannelKey::RingRef)? {
             Ok(v) => v,
             Err(e) => return Ok(Err(e)),
         };
-        let event_channel = match read_u32("event-channel")? {
+        let event_channel = match read_u32(ChannelKey::EventChannel)? {
             Ok(v) => v,
             Err(e) => return Ok(Err(e)),
         };
-        let pid = read_u32("pid")?.ok();
-        let mode = match store.read_opt(&format!("{fpath}/mode"))? {
+        let pid = read_u32(ChannelKey::Pid)?.ok();
+        let mode = match store.read_opt(&ChannelKey::Mode.path(fpath))? {
             None => ChannelMode::Bypass,
             Some(v) => match v.trim_ascii() {
-                b"bypass" | b"" => ChannelMode::Bypass,
-                b"mediated" => ChannelMode::Mediated,
+                b"" => ChannelMode::Bypass,
+                v if v == MODE_BYPASS.as_bytes() => ChannelMode::Bypass,
+                v if v == MODE_MEDIATED.as_bytes() => ChannelMode::Mediated,
                 other => {
                     return Ok(Err(format!(
-                        "channel/{n}/mode = {:?} is neither \"bypass\" nor \"mediated\"",
+                        "channel/{n}/{} = {:?} is neither {MODE_BYPASS:?} nor {MODE_MEDIATED:?}",
+                        ChannelKey::Mode,
                         String::from_utf8_lossy(other)
                     )))
                 }
@@ -356,17 +362,17 @@ impl DeviceChannels {
     ) -> Result<()> {
         self.records
             .insert(n, ChannelRecord::Closed(nonce.map(str::to_owned)));
-        let bpath = format!("{}/channel/{n}", self.backend_path);
+        let bpath = channel_path(&self.backend_path, n);
         let write = |state: XenbusState, error: Option<&str>| {
             store.transaction(|t| {
-                let err = format!("{bpath}/error");
+                let err = ChannelKey::Error.path(&bpath);
                 match error {
                     Some(why) => t.write(&err, why.as_bytes())?,
                     None if t.exists(&err)? => t.rm(&err)?,
                     None => {}
                 }
                 write_nonce(t, &bpath, nonce)?;
-                t.write(&format!("{bpath}/state"), state.value().as_bytes())
+                t.write(&ChannelKey::State.path(&bpath), state.value().as_bytes())
             })
         };
         if closing_first {
@@ -426,7 +432,7 @@ impl DeviceChannels {
     pub(super) fn forget_all(&mut self, store: &dyn XenbusStore) -> Result<()> {
         self.records.clear();
         store
-            .rm(&format!("{}/channel", self.backend_path))
+            .rm(&format!("{}/{CHANNEL_DIR}", self.backend_path))
             .or_else(ignore_enoent)
     }
 
@@ -450,8 +456,8 @@ impl DeviceChannels {
                 if !self.close(n, &CloseReason::ProcessDied, true) {
                     return Ok(());
                 }
-                let fpath = format!("{}/channel/{n}", self.frontend_path);
-                let bpath = format!("{}/channel/{n}", self.backend_path);
+                let fpath = channel_path(&self.frontend_path, n);
+                let bpath = channel_path(&self.backend_path, n);
                 // The process is gone: nobody will remove its node; we may (if privileged).
                 match store.rm(&fpath).or_else(ignore_enoent) {
                     Ok(()) => {

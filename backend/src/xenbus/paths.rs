@@ -2,6 +2,7 @@
 //! helpers the device and channel state machines share. Depends on nothing else in `xenbus`
 //! but its plain types (the import order is paths ← channel ← backend).
 
+use shared_ring::abi::xenstore::ChannelKey;
 use xenstore_proto::client::{NodeOps, Result, XenbusStore};
 
 use super::DeviceId;
@@ -82,13 +83,13 @@ pub(super) fn ignore_enoent(e: xenstore_proto::client::Error) -> Result<()> {
 /// Reads a channel node's `nonce` (absent, or not text: `None`).
 pub(super) fn read_nonce(store: &dyn XenbusStore, chan_path: &str) -> Result<Option<String>> {
     Ok(store
-        .read_opt(&format!("{chan_path}/nonce"))?
+        .read_opt(&ChannelKey::Nonce.path(chan_path))?
         .and_then(|v| String::from_utf8(v).ok()))
 }
 
 /// Writes (or removes) the backend channel node's `nonce` in a transaction.
 pub(super) fn write_nonce(t: &dyn NodeOps, bpath: &str, nonce: Option<&str>) -> Result<()> {
-    let p = format!("{bpath}/nonce");
+    let p = ChannelKey::Nonce.path(bpath);
     match nonce {
         Some(v) => t.write(&p, v.as_bytes()),
         None if t.exists(&p)? => t.rm(&p),
