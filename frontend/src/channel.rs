@@ -10,7 +10,7 @@ use shared_ring::abi::control::{DeviceAttrs, Reply, Request};
 use shared_ring::abi::event::{EventRepr, EVENT_LEN};
 use shared_ring::abi::page_dir::{PageDirWalker, PageList};
 use shared_ring::abi::xenstore::{
-    channel_path, ChannelKey, DeviceKey, CHANNEL_DIR, MODE_BYPASS, MODE_MEDIATED,
+    channel_path, ChannelKey, DeviceKey, XenbusState, CHANNEL_DIR, MODE_BYPASS, MODE_MEDIATED,
 };
 use shared_ring::doorbell::DoorbellPage;
 use shared_ring::queue::Consumer;
@@ -23,13 +23,15 @@ use crate::error::{Error, Result};
 use crate::signal::{EventHub, Signal};
 use crate::AsyncEvent;
 
-/// xenbus states (`io/xenbus.h`).
+/// xenbus states (`io/xenbus.h`) as the numbers the waits below compare.
 pub(crate) mod state {
-    pub const INIT_WAIT: u32 = 2;
-    pub const INITIALISED: u32 = 3;
-    pub const CONNECTED: u32 = 4;
-    pub const CLOSING: u32 = 5;
-    pub const CLOSED: u32 = 6;
+    use shared_ring::abi::xenstore::XenbusState;
+
+    pub const INIT_WAIT: u32 = XenbusState::InitWait as u32;
+    pub const INITIALISED: u32 = XenbusState::Initialised as u32;
+    pub const CONNECTED: u32 = XenbusState::Connected as u32;
+    pub const CLOSING: u32 = XenbusState::Closing as u32;
+    pub const CLOSED: u32 = XenbusState::Closed as u32;
 }
 
 /// Doorbell pages a channel may map (the backend's limit is the same).
@@ -269,8 +271,9 @@ impl Channel {
             None => [0; 16],
         };
         let front_state = DeviceKey::State.path(&front_dev);
-        if store.read_opt(&front_state)?.as_deref() != Some(b"4") {
-            store.write(&front_state, b"4")?;
+        let connected = XenbusState::Connected.value();
+        if store.read_opt(&front_state)?.as_deref() != Some(connected.as_bytes()) {
+            store.write(&front_state, connected.as_bytes())?;
         }
 
         // 2. Claim the lowest channel number free on both sides: an index whose backend node
@@ -288,7 +291,10 @@ impl Channel {
                 }
             }
             let n = (0..).find(|n| !taken.contains(n)).unwrap_or(0);
-            tx.write(&ChannelKey::State.path(&channel_path(&front_dev, n)), b"1")?;
+            tx.write(
+                &ChannelKey::State.path(&channel_path(&front_dev, n)),
+                XenbusState::Initialising.value().as_bytes(),
+            )?;
             Ok(n)
         })?;
         let front_chan = channel_path(&front_dev, index);
@@ -309,7 +315,10 @@ impl Channel {
         );
         if made.is_err() {
             // Leave nothing behind: the backend ignores a Closed channel.
-            let _ = store.write(&ChannelKey::State.path(&front_chan), b"6");
+            let _ = store.write(
+                &ChannelKey::State.path(&front_chan),
+                XenbusState::Closed.value().as_bytes(),
+            );
             let _ = store.rm(&front_chan);
         }
         made
@@ -544,7 +553,7 @@ impl Channel {
     pub(crate) fn probe_backend(&self) {
         let st = ChannelKey::State.path(&self.back_chan);
         match self.store.read_opt(&st) {
-            Ok(Some(v)) if v.as_slice() == b"4" => {}
+            Ok(Some(v)) if v == XenbusState::Connected.value().as_bytes() => {}
             Ok(Some(v)) => {
                 let err = self
                     .store

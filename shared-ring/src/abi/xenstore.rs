@@ -1,5 +1,6 @@
 //! XenStore key names of the vrdma device class (`docs/split-driver.md`): the device nodes
-//! and the channel records, spelled once for the backend, the frontend and the toolstack.
+//! and the channel records, and the xenbus states their `state` nodes hold, spelled once for
+//! the backend, the frontend and the toolstack.
 //!
 //! ```text
 //! /local/domain/B/backend/vrdma/D/<devid>/   DeviceKey::{Frontend, FrontendId, Online, State,
@@ -11,6 +12,50 @@
 //! ```
 
 use core::fmt;
+
+/// Xenbus states (`io/xenbus.h`): the value of every `state` node, device or channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum XenbusState {
+    Unknown = 0,
+    Initialising = 1,
+    InitWait = 2,
+    Initialised = 3,
+    Connected = 4,
+    Closing = 5,
+    Closed = 6,
+    Reconfiguring = 7,
+    Reconfigured = 8,
+}
+
+impl XenbusState {
+    /// Parses a `state` node's value; anything else is `None`.
+    pub fn parse(value: &[u8]) -> Option<XenbusState> {
+        let text = core::str::from_utf8(value).ok()?;
+        Some(match text.trim().parse::<u32>().ok()? {
+            0 => XenbusState::Unknown,
+            1 => XenbusState::Initialising,
+            2 => XenbusState::InitWait,
+            3 => XenbusState::Initialised,
+            4 => XenbusState::Connected,
+            5 => XenbusState::Closing,
+            6 => XenbusState::Closed,
+            7 => XenbusState::Reconfiguring,
+            8 => XenbusState::Reconfigured,
+            _ => return None,
+        })
+    }
+
+    /// The node value (`"4"`).
+    pub fn value(self) -> String {
+        (self as u32).to_string()
+    }
+}
+
+impl fmt::Display for XenbusState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}({})", self, *self as u32)
+    }
+}
 
 /// The directory of a device node that holds its channels (`<device>/channel/<n>`).
 pub const CHANNEL_DIR: &str = "channel";
@@ -214,6 +259,29 @@ mod tests {
             ]
         );
         assert_eq!((MODE_BYPASS, MODE_MEDIATED), ("bypass", "mediated"));
+    }
+
+    #[test]
+    fn xenbus_states_are_io_xenbus_h_numbers() {
+        for (n, st) in [
+            (0, XenbusState::Unknown),
+            (1, XenbusState::Initialising),
+            (2, XenbusState::InitWait),
+            (3, XenbusState::Initialised),
+            (4, XenbusState::Connected),
+            (5, XenbusState::Closing),
+            (6, XenbusState::Closed),
+            (7, XenbusState::Reconfiguring),
+            (8, XenbusState::Reconfigured),
+        ] {
+            assert_eq!(st.value(), n.to_string());
+            assert_eq!(XenbusState::parse(st.value().as_bytes()), Some(st));
+        }
+        assert_eq!(XenbusState::parse(b" 4\n"), Some(XenbusState::Connected));
+        for bad in [&b""[..], b"9", b"-1", b"four", b"\xff"] {
+            assert_eq!(XenbusState::parse(bad), None, "{bad:?}");
+        }
+        assert_eq!(XenbusState::Closed.to_string(), "Closed(6)");
     }
 
     #[test]
