@@ -12,6 +12,7 @@ pub mod inspect;
 
 use std::time::{Duration, Instant};
 
+use shared_ring::abi::xenstore::DeviceKey;
 use xenstore_proto::client::{Error as XsError, NodeOps, XenbusStore, XenbusStoreExt};
 use xenstore_proto::wire::{Perm, PermKind, Perms};
 
@@ -131,9 +132,9 @@ fn write_device_nodes(
         t,
         f,
         &[
-            ("backend", b.as_str()),
-            ("backend-id", &backend_domid.to_string()),
-            ("state", &state),
+            (DeviceKey::Backend.as_str(), b.as_str()),
+            (DeviceKey::BackendId.as_str(), &backend_domid.to_string()),
+            (DeviceKey::State.as_str(), &state),
         ],
     )?;
     t.mkdir(b)?;
@@ -142,10 +143,10 @@ fn write_device_nodes(
         t,
         b,
         &[
-            ("frontend", f.as_str()),
-            ("frontend-id", &frontend_domid.to_string()),
-            ("online", "1"),
-            ("state", &state),
+            (DeviceKey::Frontend.as_str(), f.as_str()),
+            (DeviceKey::FrontendId.as_str(), &frontend_domid.to_string()),
+            (DeviceKey::Online.as_str(), "1"),
+            (DeviceKey::State.as_str(), &state),
         ],
     )?;
     for (k, v) in quota_nodes {

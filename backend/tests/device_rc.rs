@@ -5,7 +5,7 @@ use shared_ring::abi::cqe::{flags as cqe_flags, CqeOpcode, CqeStatus};
 use shared_ring::abi::event::EventKind;
 use shared_ring::abi::wqe::{flags, WqeData, WqeOpcode, WqeRepr};
 use vrdma_backend::device::testkit::{connect, wqe, TestChannel, TestCq, TestQp};
-use vrdma_backend::device::{ChannelMode, Device, EngineConfig, SoftDevice};
+use vrdma_backend::device::{ChannelMode, Device, DeviceError, EngineConfig, SoftDevice};
 
 const ALL: u32 = access::ALL;
 
@@ -541,9 +541,11 @@ fn destroying_a_peer_fails_the_qp_and_close_frees_everything() {
         .iter()
         .any(|e| e.kind == EventKind::QpDisconnected));
     // busy rules
-    assert!(dev.destroy_cq(p.a.id, p.acq.id).is_err());
+    let e = dev.destroy_cq(p.a.id, p.acq.id).unwrap_err();
+    assert!(matches!(e, DeviceError::Busy(_)), "{e:?}");
     dev.destroy_qp(p.a.id, p.aqp.num).unwrap();
-    assert!(dev.dealloc_pd(p.a.id, p.a.pd).is_err());
+    let e = dev.dealloc_pd(p.a.id, p.a.pd).unwrap_err();
+    assert!(matches!(e, DeviceError::Busy(_)), "{e:?}");
     dev.dereg_mr(p.a.id, m.keys.handle).unwrap();
     dev.destroy_cq(p.a.id, p.acq.id).unwrap();
     dev.dealloc_pd(p.a.id, p.a.pd).unwrap();
@@ -564,14 +566,19 @@ fn foreign_handles_are_refused() {
     let dev = device();
     let mut p = pair(&dev);
     let m = p.b.mr(&dev, 4096, ALL);
-    assert!(dev.dereg_mr(p.a.id, m.keys.handle).is_err());
-    assert!(dev.destroy_qp(p.a.id, p.bqp.num).is_err());
-    assert!(dev.destroy_cq(p.a.id, p.bcq.id).is_err());
-    assert!(dev.dealloc_pd(p.a.id, p.b.pd).is_err());
-    assert!(dev.connect_qp(p.a.id, p.bqp.num, p.aqp.num).is_err());
+    let bad_handle = |r: Result<(), DeviceError>| {
+        let e = r.unwrap_err();
+        assert!(matches!(e, DeviceError::BadHandle { .. }), "{e:?}");
+    };
+    bad_handle(dev.dereg_mr(p.a.id, m.keys.handle));
+    bad_handle(dev.destroy_qp(p.a.id, p.bqp.num));
+    bad_handle(dev.destroy_cq(p.a.id, p.bcq.id));
+    bad_handle(dev.dealloc_pd(p.a.id, p.b.pd));
+    bad_handle(dev.connect_qp(p.a.id, p.bqp.num, p.aqp.num));
+    let e = dev.poll_cq_mediated(p.a.id, p.acq.id).unwrap_err();
     assert!(
-        dev.poll_cq_mediated(p.a.id, p.acq.id).is_err(),
-        "bypass channel"
+        matches!(e, DeviceError::NotMediated),
+        "bypass channel: {e:?}"
     );
 }
 

@@ -9,6 +9,9 @@ use std::time::{Duration, Instant};
 use shared_ring::abi::control::{DeviceAttrs, Reply, Request};
 use shared_ring::abi::event::{EventRepr, EVENT_LEN};
 use shared_ring::abi::page_dir::{PageDirWalker, PageList};
+use shared_ring::abi::xenstore::{
+    channel_path, ChannelKey, DeviceKey, XenbusState, CHANNEL_DIR, MODE_BYPASS, MODE_MEDIATED,
+};
 use shared_ring::doorbell::DoorbellPage;
 use shared_ring::queue::Consumer;
 use shared_ring::{event_ring, ControlFrontRing, SharedRegion, PAGE_SIZE, PROTOCOL_VERSION};
@@ -20,13 +23,15 @@ use crate::error::{Error, Result};
 use crate::signal::{EventHub, Signal};
 use crate::AsyncEvent;
 
-/// xenbus states (`io/xenbus.h`).
+/// xenbus states (`io/xenbus.h`) as the numbers the waits below compare.
 pub(crate) mod state {
-    pub const INIT_WAIT: u32 = 2;
-    pub const INITIALISED: u32 = 3;
-    pub const CONNECTED: u32 = 4;
-    pub const CLOSING: u32 = 5;
-    pub const CLOSED: u32 = 6;
+    use shared_ring::abi::xenstore::XenbusState;
+
+    pub const INIT_WAIT: u32 = XenbusState::InitWait as u32;
+    pub const INITIALISED: u32 = XenbusState::Initialised as u32;
+    pub const CONNECTED: u32 = XenbusState::Connected as u32;
+    pub const CLOSING: u32 = XenbusState::Closing as u32;
+    pub const CLOSED: u32 = XenbusState::Closed as u32;
 }
 
 /// Doorbell pages a channel may map (the backend's limit is the same).
@@ -172,8 +177,8 @@ fn wait_answer(
     timeout: Duration,
 ) -> Result<u32> {
     let deadline = Instant::now() + timeout;
-    let state_path = format!("{back_chan}/state");
-    let nonce_path = format!("{back_chan}/nonce");
+    let state_path = ChannelKey::State.path(back_chan);
+    let nonce_path = ChannelKey::Nonce.path(back_chan);
     let mut watch = store.watch(&state_path)?;
     loop {
         // The nonce first: the backend writes it with the state in one transaction, so a
@@ -215,30 +220,30 @@ impl Channel {
     ) -> Result<Channel> {
         let domid = own_domid(&*store, &platform)?;
         let front_dev = format!("/local/domain/{}/device/vrdma/{}", domid.0, cfg.devid);
-        let Some(back_dev) = store.read_opt(&format!("{front_dev}/backend"))? else {
+        let Some(back_dev) = store.read_opt(&DeviceKey::Backend.path(&front_dev))? else {
             return Err(Error::NoDevice {
                 devid: cfg.devid,
                 path: front_dev,
             });
         };
         let back_dev = String::from_utf8_lossy(&back_dev).into_owned();
-        let backend_id = store.read_u32(&format!("{front_dev}/backend-id"))?;
+        let backend_id = store.read_u32(&DeviceKey::BackendId.path(&front_dev))?;
         let backend = u16::try_from(backend_id)
             .map(DomId)
             .map_err(|_| Error::BadDevice {
-                path: format!("{front_dev}/backend-id"),
+                path: DeviceKey::BackendId.path(&front_dev),
                 reason: format!("{backend_id} is not a domain id"),
             })?;
 
         // 1. The backend must be there (InitWait) or already connected.
         wait_state(
             &*store,
-            &format!("{back_dev}/state"),
+            &DeviceKey::State.path(&back_dev),
             cfg.timeout,
             "the vrdma backend to publish InitWait",
             |s| matches!(s, Some(state::INIT_WAIT) | Some(state::CONNECTED)),
         )?;
-        if let Some(versions) = store.read_opt(&format!("{back_dev}/versions"))? {
+        if let Some(versions) = store.read_opt(&DeviceKey::Versions.path(&back_dev))? {
             let versions = String::from_utf8_lossy(&versions).into_owned();
             let ours = PROTOCOL_VERSION.to_string();
             if !versions.split_whitespace().any(|v| v == ours) {
@@ -250,31 +255,32 @@ impl Channel {
                 });
             }
         }
-        let read_limit = |name: &str| -> Result<Option<u32>> {
-            let p = format!("{back_dev}/{name}");
+        let read_limit = |key: DeviceKey| -> Result<Option<u32>> {
+            let p = key.path(&back_dev);
             match store.read_opt(&p)? {
                 Some(v) => Ok(Some(parse_u32(&p, &String::from_utf8_lossy(&v))?)),
                 None => Ok(None),
             }
         };
         let limits = PublishedLimits {
-            max_inline: read_limit("max-inline")?,
-            max_sge: read_limit("max-sge")?,
+            max_inline: read_limit(DeviceKey::MaxInline)?,
+            max_sge: read_limit(DeviceKey::MaxSge)?,
         };
-        let backend_addr = match store.read_opt(&format!("{back_dev}/address"))? {
+        let backend_addr = match store.read_opt(&DeviceKey::Address.path(&back_dev))? {
             Some(v) => parse_addr(&String::from_utf8_lossy(&v)).unwrap_or([0; 16]),
             None => [0; 16],
         };
-        let front_state = format!("{front_dev}/state");
-        if store.read_opt(&front_state)?.as_deref() != Some(b"4") {
-            store.write(&front_state, b"4")?;
+        let front_state = DeviceKey::State.path(&front_dev);
+        let connected = XenbusState::Connected.value();
+        if store.read_opt(&front_state)?.as_deref() != Some(connected.as_bytes()) {
+            store.write(&front_state, connected.as_bytes())?;
         }
 
         // 2. Claim the lowest channel number free on both sides: an index whose backend node
         //    is still there is still being torn down (the backend removes its node only after
         //    it saw ours go), so a fresh index is taken instead of waiting.
-        let chan_dir = format!("{front_dev}/channel");
-        let back_chan_dir = format!("{back_dev}/channel");
+        let chan_dir = format!("{front_dev}/{CHANNEL_DIR}");
+        let back_chan_dir = format!("{back_dev}/{CHANNEL_DIR}");
         let index = store.transaction(|tx| {
             let mut taken: Vec<u32> = Vec::new();
             for dir in [&chan_dir, &back_chan_dir] {
@@ -285,11 +291,14 @@ impl Channel {
                 }
             }
             let n = (0..).find(|n| !taken.contains(n)).unwrap_or(0);
-            tx.write(&format!("{chan_dir}/{n}/state"), b"1")?;
+            tx.write(
+                &ChannelKey::State.path(&channel_path(&front_dev, n)),
+                XenbusState::Initialising.value().as_bytes(),
+            )?;
             Ok(n)
         })?;
-        let front_chan = format!("{chan_dir}/{index}");
-        let back_chan = format!("{back_dev}/channel/{index}");
+        let front_chan = channel_path(&front_dev, index);
+        let back_chan = channel_path(&back_dev, index);
         tracing::debug!(%front_chan, "channel claimed");
 
         let made = Self::connect(
@@ -306,7 +315,10 @@ impl Channel {
         );
         if made.is_err() {
             // Leave nothing behind: the backend ignores a Closed channel.
-            let _ = store.write(&format!("{front_chan}/state"), b"6");
+            let _ = store.write(
+                &ChannelKey::State.path(&front_chan),
+                XenbusState::Closed.value().as_bytes(),
+            );
             let _ = store.rm(&front_chan);
         }
         made
@@ -345,29 +357,29 @@ impl Channel {
         let nonce = fresh_nonce();
         store.transaction(|tx| {
             tx.write(
-                &format!("{front_chan}/ring-ref"),
+                &ChannelKey::RingRef.path(&front_chan),
                 ring_ref.to_string().as_bytes(),
             )?;
             tx.write(
-                &format!("{front_chan}/event-channel"),
+                &ChannelKey::EventChannel.path(&front_chan),
                 port.0.to_string().as_bytes(),
             )?;
             tx.write(
-                &format!("{front_chan}/version"),
+                &ChannelKey::Version.path(&front_chan),
                 PROTOCOL_VERSION.to_string().as_bytes(),
             )?;
             tx.write(
-                &format!("{front_chan}/pid"),
+                &ChannelKey::Pid.path(&front_chan),
                 std::process::id().to_string().as_bytes(),
             )?;
-            tx.write(&format!("{front_chan}/nonce"), nonce.as_bytes())?;
-            let mode: &[u8] = match cfg.mode {
-                crate::Mode::Bypass => b"bypass",
-                crate::Mode::Mediated => b"mediated",
+            tx.write(&ChannelKey::Nonce.path(&front_chan), nonce.as_bytes())?;
+            let mode = match cfg.mode {
+                crate::Mode::Bypass => MODE_BYPASS,
+                crate::Mode::Mediated => MODE_MEDIATED,
             };
-            tx.write(&format!("{front_chan}/mode"), mode)?;
+            tx.write(&ChannelKey::Mode.path(&front_chan), mode.as_bytes())?;
             tx.write(
-                &format!("{front_chan}/state"),
+                &ChannelKey::State.path(&front_chan),
                 state::INITIALISED.to_string().as_bytes(),
             )?;
             Ok(())
@@ -377,7 +389,7 @@ impl Channel {
         let got = wait_answer(&*store, &back_chan, &nonce, cfg.timeout)?;
         if got == state::CLOSED {
             let reason = store
-                .read_opt(&format!("{back_chan}/error"))?
+                .read_opt(&ChannelKey::Error.path(&back_chan))?
                 .map(|v| String::from_utf8_lossy(&v).into_owned())
                 .unwrap_or_else(|| "no reason given".into());
             return Err(Error::ChannelRefused {
@@ -539,13 +551,13 @@ impl Channel {
 
     /// Looks at the backend's channel node; a channel it closed or removed is lost.
     pub(crate) fn probe_backend(&self) {
-        let st = format!("{}/state", self.back_chan);
+        let st = ChannelKey::State.path(&self.back_chan);
         match self.store.read_opt(&st) {
-            Ok(Some(v)) if v.as_slice() == b"4" => {}
+            Ok(Some(v)) if v == XenbusState::Connected.value().as_bytes() => {}
             Ok(Some(v)) => {
                 let err = self
                     .store
-                    .read_opt(&format!("{}/error", self.back_chan))
+                    .read_opt(&ChannelKey::Error.path(&self.back_chan))
                     .ok()
                     .flatten()
                     .map(|e| String::from_utf8_lossy(&e).into_owned())
@@ -679,14 +691,14 @@ impl Channel {
     fn close(&self) {
         let st = |s: u32| s.to_string();
         let _ = self.store.write(
-            &format!("{}/state", self.front_chan),
+            &ChannelKey::State.path(&self.front_chan),
             st(state::CLOSING).as_bytes(),
         );
         let _ = self.hub.notify();
         if !self.is_lost() {
             let r = wait_state(
                 &*self.store,
-                &format!("{}/state", self.back_chan),
+                &ChannelKey::State.path(&self.back_chan),
                 self.close_timeout,
                 "the backend to close the channel",
                 |s| matches!(s, None | Some(state::CLOSED)),
@@ -696,7 +708,7 @@ impl Channel {
             }
         }
         let _ = self.store.write(
-            &format!("{}/state", self.front_chan),
+            &ChannelKey::State.path(&self.front_chan),
             st(state::CLOSED).as_bytes(),
         );
         let _ = self.store.rm(&self.front_chan);

@@ -10,7 +10,7 @@ use xenstore_proto::client::XenbusStore;
 use crate::channel::{Channel, ChannelConfig};
 use crate::cq::CompletionQueue;
 use crate::error::{Error, Result};
-use crate::mr::ProtectionDomain;
+use crate::pd::ProtectionDomain;
 use crate::AsyncEvent;
 
 /// Environment variable choosing the data-path mode: `bypass` (default) or `mediated`.

@@ -41,6 +41,7 @@ mod control;
 mod cq;
 mod error;
 mod mr;
+mod pd;
 mod qp;
 mod shm;
 mod signal;
@@ -48,7 +49,8 @@ mod signal;
 pub use context::{Context, ContextBuilder, Mode, MODE_ENV};
 pub use cq::{CompletionQueue, WorkCompletion};
 pub use error::{Error, Result};
-pub use mr::{AccessFlags, MemoryRegion, MrCacheStats, MrSlice, ProtectionDomain, RemoteMr};
+pub use mr::{AccessFlags, MemoryRegion, MrSlice, RemoteMr};
+pub use pd::{MrCacheStats, ProtectionDomain};
 pub use qp::{QpEndpoint, QueuePair, QueuePairBuilder, SendOp, SendWr, WrData};
 
 pub use shared_ring::abi::control::{ChannelStats, DeviceAttrs, Op, Status};

@@ -18,7 +18,8 @@ use crate::channel::pages_for;
 use crate::context::{CtxInner, Mode};
 use crate::cq::{CompletionQueue, CqShared};
 use crate::error::{Error, Result};
-use crate::mr::{MrSlice, PdInner, ProtectionDomain, RemoteMr};
+use crate::mr::{MrSlice, RemoteMr};
+use crate::pd::{PdInner, ProtectionDomain};
 
 /// Where a queue pair can be reached: the backend's address and the QP number. Hand it to the
 /// peer (`Display`/`FromStr` give `addr/qp_num`; the address is the backend's XenStore

@@ -1,4 +1,5 @@
-//! The control-ring service of a channel (DESIGN.md §4).
+//! The control-ring service of a channel (docs/protocol.md §1, docs/backend.md "The control
+//! service").
 //!
 //! - [`ControlOpener`] makes live channels for the xenbus state machine: it maps the guest's
 //!   ring page read-write, checks the alive byte, binds the event channel and starts a thread

@@ -1,6 +1,7 @@
-//! The control service of one channel: every verb of DESIGN.md §4, validated. A request slot
-//! arrives as a private copy (the ring copied it out of shared memory); whatever it says, the
-//! answer is a response slot (possibly deferred, for `Connect`) — never a panic.
+//! The control service of one channel: every verb of the control ring (docs/protocol.md §1,
+//! docs/backend.md "The control service"), validated. A request slot arrives as a private copy
+//! (the ring copied it out of shared memory); whatever it says, the answer is a response slot
+//! (possibly deferred, for `Connect`) — never a panic.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

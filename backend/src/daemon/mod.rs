@@ -111,16 +111,23 @@ pub enum DaemonError {
 
 /// What the backend publishes for each device, from the device's limits.
 pub fn device_info(kind: &str, attrs: &DeviceAttrs) -> DeviceInfo {
+    use shared_ring::abi::xenstore::DeviceKey;
     DeviceInfo {
         versions: vec![shared_ring::PROTOCOL_VERSION],
         kind: kind.to_owned(),
         limits: vec![
-            ("max-qp-wr".into(), u64::from(attrs.max_qp_wr)),
-            ("max-cqe".into(), u64::from(attrs.max_cqe)),
-            ("max-sge".into(), u64::from(attrs.max_sge)),
-            ("max-inline".into(), u64::from(attrs.max_inline)),
             (
-                "max-mr-size".into(),
+                DeviceKey::MaxQpWr.as_str().into(),
+                u64::from(attrs.max_qp_wr),
+            ),
+            (DeviceKey::MaxCqe.as_str().into(), u64::from(attrs.max_cqe)),
+            (DeviceKey::MaxSge.as_str().into(), u64::from(attrs.max_sge)),
+            (
+                DeviceKey::MaxInline.as_str().into(),
+                u64::from(attrs.max_inline),
+            ),
+            (
+                DeviceKey::MaxMrSize.as_str().into(),
                 u64::from(attrs.max_mr_pages) * xen_platform::PAGE_SIZE as u64,
             ),
         ],

@@ -265,7 +265,21 @@ mod tests {
         assert!(matches!(e, BudgetExceeded::Host { used: 100, .. }), "{e:?}");
         assert!(e.to_string().contains("[host] granted-pages"), "{e}");
         // a huge request cannot wrap a counter
-        assert!(b.charge(6, Pool::Mapped, u64::MAX).is_err());
+        let e = b.charge(6, Pool::Mapped, u64::MAX).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                BudgetExceeded::Share {
+                    pool: Pool::Mapped,
+                    domid: 6,
+                    used: 0,
+                    asked: u64::MAX,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(b.used_by(6, Pool::Mapped), 0);
     }
 
     #[test]

@@ -1,15 +1,19 @@
-//! Device records and the device-level state machine.
+//! Device records and the device-level state machine: the backend node (InitWait, detach,
+//! removal) and the frontend's device state. Each device's channels are a
+//! [`DeviceChannels`](super::channel::DeviceChannels), called through its narrow interface.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use xenstore_proto::client::{NodeOps, Result, XenbusStore, XenbusStoreExt};
+use shared_ring::abi::xenstore::DeviceKey;
+use xenstore_proto::client::{Result, XenbusStore, XenbusStoreExt};
 
-use super::channel::ChannelRecord;
+use super::channel::DeviceChannels;
 use super::paths::{
-    self, backend_root, device_backend_path, device_frontend_path, device_stats_path, stats_root,
+    self, backend_root, device_backend_path, device_frontend_path, device_stats_path,
+    ignore_enoent, list, read_flag, stats_root,
 };
-use super::{ChannelOpener, CloseReason, DeviceId, XenbusState};
+use super::{ChannelFault, ChannelOpener, CloseReason, DeviceId, XenbusState};
 use crate::resources::{Account, Quotas, Resource};
 
 /// What the backend publishes for every device before InitWait.
@@ -37,26 +41,26 @@ pub struct StatsSnapshot {
 /// Where [`XenbusBackend::publish_stats`] gets a domain's device counters from.
 pub type StatsSource = Box<dyn Fn(u32) -> StatsSnapshot + Send>;
 
-pub(super) struct DeviceRecord {
-    pub(super) id: DeviceId,
-    pub(super) backend_path: String,
-    pub(super) frontend_path: String,
+struct DeviceRecord {
+    id: DeviceId,
+    backend_path: String,
+    frontend_path: String,
     /// Where the device's counters are published (not under the watched root).
-    pub(super) stats_path: String,
+    stats_path: String,
     /// The device state this backend last wrote (None: not yet).
-    pub(super) written: Option<XenbusState>,
-    pub(super) account: Arc<Account>,
-    pub(super) channels: BTreeMap<u32, ChannelRecord>,
+    written: Option<XenbusState>,
+    account: Arc<Account>,
+    channels: DeviceChannels,
     /// The frontend's node has been seen (so its disappearance means the domain went).
-    pub(super) frontend_seen: bool,
+    frontend_seen: bool,
     /// Stats last published, to write only what changed.
-    pub(super) published: BTreeMap<&'static str, u64>,
+    published: BTreeMap<&'static str, u64>,
     /// Per-QP stats last published (`stats/qp/<qpn>/`).
-    pub(super) published_qps: BTreeMap<u32, BTreeMap<&'static str, String>>,
+    published_qps: BTreeMap<u32, BTreeMap<&'static str, String>>,
 }
 
 impl DeviceRecord {
-    pub(super) fn active(&self) -> bool {
+    fn active(&self) -> bool {
         matches!(
             self.written,
             Some(XenbusState::InitWait | XenbusState::Connected)
@@ -66,13 +70,13 @@ impl DeviceRecord {
 
 /// The backend side of every vrdma device of this backend domain.
 pub struct XenbusBackend {
-    pub(super) store: Arc<dyn XenbusStore>,
-    pub(super) backend_domid: u32,
-    pub(super) root: String,
-    pub(super) info: DeviceInfo,
-    pub(super) defaults: Quotas,
-    pub(super) opener: Box<dyn ChannelOpener>,
-    pub(super) devices: BTreeMap<DeviceId, DeviceRecord>,
+    store: Arc<dyn XenbusStore>,
+    backend_domid: u32,
+    root: String,
+    info: DeviceInfo,
+    defaults: Quotas,
+    opener: Box<dyn ChannelOpener>,
+    devices: BTreeMap<DeviceId, DeviceRecord>,
     on_account_change: Arc<dyn Fn(DeviceId) + Send + Sync>,
     stats_source: StatsSource,
 }
@@ -130,13 +134,7 @@ impl XenbusBackend {
     pub fn live_channels(&self, id: DeviceId) -> Vec<u32> {
         self.devices
             .get(&id)
-            .map(|d| {
-                d.channels
-                    .iter()
-                    .filter(|(_, c)| c.is_live())
-                    .map(|(&n, _)| n)
-                    .collect()
-            })
+            .map(|d| d.channels.live())
             .unwrap_or_default()
     }
 
@@ -243,13 +241,13 @@ impl XenbusBackend {
         if !self.devices.contains_key(&id) {
             return self.discover(id);
         }
-        let Some(state) = self.store.read_opt(&format!("{base}/state"))? else {
+        let Some(state) = self.store.read_opt(&DeviceKey::State.path(&base))? else {
             // The toolstack removed the device (detach finished, or a plain rm).
             self.vanished(id);
             return Ok(());
         };
         let state = XenbusState::parse(&state);
-        let online = read_flag(&*self.store, &format!("{base}/online"))?;
+        let online = read_flag(&*self.store, &DeviceKey::Online.path(&base))?;
         let written = self.devices[&id].written;
         if state != written {
             match state {
@@ -268,14 +266,14 @@ impl XenbusBackend {
 
     fn discover(&mut self, id: DeviceId) -> Result<()> {
         let base = device_backend_path(self.backend_domid, id);
-        let frontend = self.store.read_opt(&format!("{base}/frontend"))?;
-        let state = self.store.read_opt(&format!("{base}/state"))?;
+        let frontend = self.store.read_opt(&DeviceKey::Frontend.path(&base))?;
+        let state = self.store.read_opt(&DeviceKey::State.path(&base))?;
         let (Some(frontend), Some(state)) = (frontend, state) else {
             tracing::debug!(device = %id, "incomplete device node; waiting for the toolstack");
             return Ok(());
         };
         let expected = device_frontend_path(id);
-        let frontend_id = self.store.read_opt(&format!("{base}/frontend-id"))?;
+        let frontend_id = self.store.read_opt(&DeviceKey::FrontendId.path(&base))?;
         if frontend != expected.as_bytes()
             || frontend_id
                 .as_deref()
@@ -297,16 +295,16 @@ impl XenbusBackend {
         let mut record = DeviceRecord {
             id,
             backend_path: base.clone(),
-            frontend_path: expected,
+            frontend_path: expected.clone(),
             stats_path: device_stats_path(self.backend_domid, id),
             written: None,
-            account,
-            channels: BTreeMap::new(),
+            account: account.clone(),
+            channels: DeviceChannels::new(id, expected, base.clone(), account),
             frontend_seen: false,
             published: BTreeMap::new(),
             published_qps: BTreeMap::new(),
         };
-        let stale = self.close_stale_channels(&mut record)?;
+        let stale = record.channels.adopt_stale(&*self.store)?;
         // Counters of an earlier backend process describe objects that are gone (and an older
         // backend published them in the device node itself).
         self.store.rm(&record.stats_path).or_else(ignore_enoent)?;
@@ -314,7 +312,7 @@ impl XenbusBackend {
             .rm(&format!("{base}/stats"))
             .or_else(ignore_enoent)?;
         self.devices.insert(id, record);
-        let online = read_flag(&*self.store, &format!("{base}/online"))?;
+        let online = read_flag(&*self.store, &DeviceKey::Online.path(&base))?;
         let state = XenbusState::parse(&state);
         tracing::info!(
             device = %id,
@@ -333,40 +331,8 @@ impl XenbusBackend {
         self.scan_frontend(id)
     }
 
-    /// Channels in the backend node when a device is found were made by an earlier backend
-    /// process: they are closed with "backend restarted", and forgotten once the frontend
-    /// removes them.
-    fn close_stale_channels(&self, record: &mut DeviceRecord) -> Result<usize> {
-        let dir = format!("{}/channel", record.backend_path);
-        let mut n_closed = 0;
-        for name in list(&*self.store, &dir)? {
-            let Some(n) = paths::parse_index(&name) else {
-                continue;
-            };
-            let p = format!("{dir}/{name}");
-            let state = self
-                .store
-                .read_opt(&format!("{p}/state"))?
-                .and_then(|v| XenbusState::parse(&v));
-            if state != Some(XenbusState::Closed) {
-                self.store.transaction(|t| {
-                    t.write(&format!("{p}/error"), b"backend restarted")?;
-                    t.write(
-                        &format!("{p}/state"),
-                        XenbusState::Closed.value().as_bytes(),
-                    )
-                })?;
-                tracing::info!(device = %record.id, channel = n, "stale channel closed: backend restarted");
-                n_closed += 1;
-            }
-            let nonce = super::channel::read_nonce(&*self.store, &p)?;
-            record.channels.insert(n, ChannelRecord::Closed(nonce));
-        }
-        Ok(n_closed)
-    }
-
     /// Publishes `versions`, `kind`, limits and `state = 2` in one transaction.
-    pub(super) fn publish_init_wait(&mut self, id: DeviceId) -> Result<()> {
+    fn publish_init_wait(&mut self, id: DeviceId) -> Result<()> {
         let base = device_backend_path(self.backend_domid, id);
         let versions = self
             .info
@@ -377,13 +343,13 @@ impl XenbusBackend {
             .join(" ");
         let info = &self.info;
         self.store.transaction(|t| {
-            t.write(&format!("{base}/versions"), versions.as_bytes())?;
-            t.write(&format!("{base}/kind"), info.kind.as_bytes())?;
+            t.write(&DeviceKey::Versions.path(&base), versions.as_bytes())?;
+            t.write(&DeviceKey::Kind.path(&base), info.kind.as_bytes())?;
             for (key, value) in &info.limits {
                 t.write(&format!("{base}/{key}"), value.to_string().as_bytes())?;
             }
             t.write(
-                &format!("{base}/state"),
+                &DeviceKey::State.path(&base),
                 XenbusState::InitWait.value().as_bytes(),
             )
         })?;
@@ -394,14 +360,14 @@ impl XenbusBackend {
         Ok(())
     }
 
-    pub(super) fn write_device_state(&mut self, id: DeviceId, state: XenbusState) -> Result<()> {
+    fn write_device_state(&mut self, id: DeviceId, state: XenbusState) -> Result<()> {
         let Some(d) = self.devices.get_mut(&id) else {
             return Ok(());
         };
         if d.written == Some(state) {
             return Ok(());
         }
-        let path = format!("{}/state", d.backend_path);
+        let path = DeviceKey::State.path(&d.backend_path);
         // Only while the node exists: the toolstack may have removed it already.
         let base = d.backend_path.clone();
         self.store.transaction(|t| {
@@ -430,7 +396,7 @@ impl XenbusBackend {
     fn vanished(&mut self, id: DeviceId) {
         let n = self.close_all_channels(id, &CloseReason::Detached, false);
         if let Some(d) = self.devices.remove(&id) {
-            debug_assert!(d.channels.values().all(|c| !c.is_live()));
+            debug_assert!(d.channels.live().is_empty());
             if let Err(e) = self.store.rm(&d.stats_path).or_else(ignore_enoent) {
                 tracing::warn!(device = %id, "cannot remove {}: {e}", d.stats_path);
             }
@@ -439,43 +405,97 @@ impl XenbusBackend {
     }
 
     /// The frontend node went away (domain released, or the toolstack removed it).
-    pub(super) fn frontend_gone(&mut self, id: DeviceId, reason: CloseReason) -> Result<()> {
+    fn frontend_gone(&mut self, id: DeviceId, reason: CloseReason) -> Result<()> {
         let n = self.close_all_channels(id, &reason, false);
         let Some(d) = self.devices.get_mut(&id) else {
             return Ok(());
         };
         d.frontend_seen = false;
-        let dir = format!("{}/channel", d.backend_path);
-        d.channels.clear();
-        self.store.rm(&dir).or_else(ignore_enoent)?;
+        d.channels.forget_all(&*self.store)?;
         self.write_device_state(id, XenbusState::Closed)?;
         tracing::info!(device = %id, "frontend gone ({reason}): {n} channels reclaimed");
         Ok(())
     }
 
-    /// Re-reads the quotas from the backend node (the toolstack owns them); missing or
-    /// unreadable keys take the daemon's defaults.
-    pub(super) fn read_quotas(&self, id: DeviceId) -> Result<Quotas> {
-        let base = device_backend_path(self.backend_domid, id);
-        let mut q = self.defaults;
-        for r in Resource::ALL {
-            let path = format!("{base}/{}", r.quota_key());
-            if let Some(v) = self.store.read_opt(&path)? {
-                match std::str::from_utf8(&v)
-                    .ok()
-                    .and_then(|s| s.trim().parse().ok())
-                {
-                    Some(v) => q.set(r, v),
-                    None => tracing::warn!(
-                        device = %id,
-                        "{path} = {:?} is not a number; using the default {}",
-                        String::from_utf8_lossy(&v),
-                        q.get(r)
-                    ),
+    /// A watch fired on the device's frontend node: follow the device state and its channels.
+    pub fn scan_frontend(&mut self, id: DeviceId) -> Result<()> {
+        let Some(dev) = self.devices.get(&id) else {
+            return Ok(());
+        };
+        let fpath = dev.frontend_path.clone();
+        let Some(fstate) = self.store.read_opt(&DeviceKey::State.path(&fpath))? else {
+            if dev.frontend_seen {
+                return self.frontend_gone(id, CloseReason::DomainGone);
+            }
+            return Ok(());
+        };
+        if let Some(d) = self.devices.get_mut(&id) {
+            d.frontend_seen = true;
+        }
+        let fstate = XenbusState::parse(&fstate);
+        let written = self.devices[&id].written;
+        match fstate {
+            Some(XenbusState::Connected) if written == Some(XenbusState::InitWait) => {
+                self.write_device_state(id, XenbusState::Connected)?;
+                tracing::info!(device = %id, "frontend driver present: device Connected");
+            }
+            Some(XenbusState::Closing)
+                if matches!(
+                    written,
+                    Some(XenbusState::InitWait | XenbusState::Connected)
+                ) =>
+            {
+                let n = self.close_all_channels(id, &CloseReason::Frontend, true);
+                self.write_device_state(id, XenbusState::Closing)?;
+                tracing::info!(device = %id, "frontend closing the device: {n} channels closed");
+            }
+            Some(XenbusState::Closed) if written != Some(XenbusState::Closed) => {
+                let n = self.close_all_channels(id, &CloseReason::Frontend, true);
+                self.write_device_state(id, XenbusState::Closed)?;
+                tracing::info!(device = %id, "frontend closed the device: {n} channels closed");
+            }
+            Some(XenbusState::Initialising | XenbusState::InitWait)
+                if matches!(written, Some(XenbusState::Closing | XenbusState::Closed)) =>
+            {
+                // The frontend starts over after a close; serve it again if still online.
+                let base = self.devices[&id].backend_path.clone();
+                if read_flag(&*self.store, &DeviceKey::Online.path(&base))? {
+                    tracing::info!(device = %id, "frontend re-initialising the device");
+                    self.publish_init_wait(id)?;
                 }
             }
+            _ => {}
         }
-        Ok(q)
+        let Some(d) = self.devices.get_mut(&id) else {
+            return Ok(());
+        };
+        let active = d.active();
+        d.channels
+            .scan(&*self.store, &mut *self.opener, self.defaults, active)
+    }
+
+    /// Closes every live channel of a device; with `polite`, each gets Closing then Closed
+    /// (and an error naming the reason) in the backend node.
+    fn close_all_channels(&mut self, id: DeviceId, reason: &CloseReason, polite: bool) -> usize {
+        match self.devices.get_mut(&id) {
+            Some(d) => d.channels.close_all(&*self.store, reason, polite),
+            None => 0,
+        }
+    }
+
+    /// A live channel reported a fault (from its control service, through the daemon).
+    pub fn channel_fault(&mut self, id: DeviceId, n: u32, fault: ChannelFault) -> Result<()> {
+        match self.devices.get_mut(&id) {
+            Some(d) => d.channels.fault(&*self.store, n, fault),
+            None => Ok(()),
+        }
+    }
+
+    /// Re-reads the quotas from the backend node (the toolstack owns them); missing or
+    /// unreadable keys take the daemon's defaults.
+    fn read_quotas(&self, id: DeviceId) -> Result<Quotas> {
+        let base = device_backend_path(self.backend_domid, id);
+        paths::read_quotas(&*self.store, &base, self.defaults, id)
     }
 
     /// Writes the device's counters under its stats node ([`device_stats_path`]; only those
@@ -554,29 +574,5 @@ impl XenbusBackend {
             d.published_qps = qps;
         }
         Ok(wrote)
-    }
-}
-
-/// Children of `path`, none if it does not exist.
-pub(super) fn list(store: &dyn XenbusStore, path: &str) -> Result<Vec<String>> {
-    match store.directory(path) {
-        Ok(v) => Ok(v),
-        Err(e) if e.is_not_found() => Ok(Vec::new()),
-        Err(e) => Err(e),
-    }
-}
-
-/// A `0`/`1` node; missing or anything else is false.
-pub(super) fn read_flag(store: &dyn NodeOps, path: &str) -> Result<bool> {
-    Ok(store
-        .read_opt(path)?
-        .is_some_and(|v| v.trim_ascii() == b"1"))
-}
-
-pub(super) fn ignore_enoent(e: xenstore_proto::client::Error) -> Result<()> {
-    if e.is_not_found() {
-        Ok(())
-    } else {
-        Err(e)
     }
 }

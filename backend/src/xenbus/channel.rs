@@ -1,25 +1,32 @@
-//! The frontend side of a device as the backend follows it: the device's frontend state and
-//! the per-channel handshake (Initialised → Connected | Closed with an error; Closing →
-//! Closing, Closed; reclaim on death).
+//! The per-channel handshake as the backend follows it (Initialised → Connected | Closed with
+//! an error; Closing → Closing, Closed; reclaim on death), for the channels of one device.
+//!
+//! [`DeviceChannels`] owns every channel record of a device; the device state machine
+//! (`backend.rs`) calls it through a handful of methods and never touches a record itself.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
+use shared_ring::abi::xenstore::{
+    channel_path, ChannelKey, CHANNEL_DIR, MODE_BYPASS, MODE_MEDIATED,
+};
 use shared_ring::PROTOCOL_VERSION;
-use xenstore_proto::client::{NodeOps, Result, XenbusStore, XenbusStoreExt};
+use xenstore_proto::client::{Result, XenbusStore, XenbusStoreExt};
 
-use super::backend::{ignore_enoent, list, XenbusBackend};
-use super::paths;
-use super::{ChannelFault, ChannelLink, ChannelRequest, CloseReason, DeviceId, XenbusState};
+use super::paths::{self, ignore_enoent, list, read_nonce, write_nonce};
+use super::{
+    ChannelFault, ChannelLink, ChannelOpener, ChannelRequest, CloseReason, DeviceId, XenbusState,
+};
 use crate::device::ChannelMode;
-use crate::resources::Resource;
+use crate::resources::{Account, Quotas, Resource};
 
 /// The instance nonce of a channel (`channel/<n>/nonce`, written by the frontend with
 /// Initialised and echoed by the backend with every state it writes): it tells one channel
 /// from an earlier one that used the same index. `None` when the frontend wrote none.
-pub(super) type Nonce = Option<String>;
+type Nonce = Option<String>;
 
 /// The backend's view of one channel instance.
-pub(super) enum ChannelRecord {
+enum ChannelRecord {
     /// Connected: the control service runs.
     Live(Box<dyn ChannelLink>, Nonce),
     /// The backend wrote Closed (refused, failed, closed, or left by an earlier backend);
@@ -28,134 +35,127 @@ pub(super) enum ChannelRecord {
 }
 
 impl ChannelRecord {
-    pub(super) fn is_live(&self) -> bool {
+    fn is_live(&self) -> bool {
         matches!(self, ChannelRecord::Live(..))
     }
 
     /// The nonce of the instance this record is about.
-    pub(super) fn nonce(&self) -> Option<&str> {
+    fn nonce(&self) -> Option<&str> {
         match self {
             ChannelRecord::Live(_, n) | ChannelRecord::Closed(n) => n.as_deref(),
         }
     }
 }
 
-/// Reads a channel node's `nonce` (absent, or not text: `None`).
-pub(super) fn read_nonce(store: &dyn XenbusStore, chan_path: &str) -> Result<Nonce> {
-    Ok(store
-        .read_opt(&format!("{chan_path}/nonce"))?
-        .and_then(|v| String::from_utf8(v).ok()))
+/// The channels of one device: every `channel/<n>` record and its handshake.
+pub(super) struct DeviceChannels {
+    device: DeviceId,
+    /// The device's frontend node (`.../device/vrdma/<devid>`).
+    frontend_path: String,
+    /// The device's backend node (`.../backend/vrdma/<D>/<devid>`; quotas live there).
+    backend_path: String,
+    /// The device's resource account; each live channel is charged to it.
+    account: Arc<Account>,
+    records: BTreeMap<u32, ChannelRecord>,
 }
 
-/// Writes (or removes) the backend channel node's `nonce` in a transaction.
-fn write_nonce(t: &dyn NodeOps, bpath: &str, nonce: Option<&str>) -> Result<()> {
-    let p = format!("{bpath}/nonce");
-    match nonce {
-        Some(v) => t.write(&p, v.as_bytes()),
-        None if t.exists(&p)? => t.rm(&p),
-        None => Ok(()),
-    }
-}
-
-impl XenbusBackend {
-    /// A watch fired on the device's frontend node: follow the device state and its channels.
-    pub fn scan_frontend(&mut self, id: DeviceId) -> Result<()> {
-        let Some(dev) = self.devices.get(&id) else {
-            return Ok(());
-        };
-        let fpath = dev.frontend_path.clone();
-        let Some(fstate) = self.store.read_opt(&format!("{fpath}/state"))? else {
-            if dev.frontend_seen {
-                return self.frontend_gone(id, CloseReason::DomainGone);
-            }
-            return Ok(());
-        };
-        if let Some(d) = self.devices.get_mut(&id) {
-            d.frontend_seen = true;
+impl DeviceChannels {
+    pub(super) fn new(
+        device: DeviceId,
+        frontend_path: String,
+        backend_path: String,
+        account: Arc<Account>,
+    ) -> DeviceChannels {
+        DeviceChannels {
+            device,
+            frontend_path,
+            backend_path,
+            account,
+            records: BTreeMap::new(),
         }
-        let fstate = XenbusState::parse(&fstate);
-        let written = self.devices[&id].written;
-        match fstate {
-            Some(XenbusState::Connected) if written == Some(XenbusState::InitWait) => {
-                self.write_device_state(id, XenbusState::Connected)?;
-                tracing::info!(device = %id, "frontend driver present: device Connected");
-            }
-            Some(XenbusState::Closing)
-                if matches!(
-                    written,
-                    Some(XenbusState::InitWait | XenbusState::Connected)
-                ) =>
-            {
-                let n = self.close_all_channels(id, &CloseReason::Frontend, true);
-                self.write_device_state(id, XenbusState::Closing)?;
-                tracing::info!(device = %id, "frontend closing the device: {n} channels closed");
-            }
-            Some(XenbusState::Closed) if written != Some(XenbusState::Closed) => {
-                let n = self.close_all_channels(id, &CloseReason::Frontend, true);
-                self.write_device_state(id, XenbusState::Closed)?;
-                tracing::info!(device = %id, "frontend closed the device: {n} channels closed");
-            }
-            Some(XenbusState::Initialising | XenbusState::InitWait)
-                if matches!(written, Some(XenbusState::Closing | XenbusState::Closed)) =>
-            {
-                // The frontend starts over after a close; serve it again if still online.
-                let base = self.devices[&id].backend_path.clone();
-                if super::backend::read_flag(&*self.store, &format!("{base}/online"))? {
-                    tracing::info!(device = %id, "frontend re-initialising the device");
-                    self.publish_init_wait(id)?;
-                }
-            }
-            _ => {}
-        }
-        let active = self.devices.get(&id).is_some_and(|d| d.active());
-        self.scan_channels(id, active)
     }
 
-    /// Follows every `channel/<n>` of the frontend; connects new ones when `active`.
-    fn scan_channels(&mut self, id: DeviceId, active: bool) -> Result<()> {
-        let (fdir, bdir) = {
-            let d = &self.devices[&id];
-            (
-                format!("{}/channel", d.frontend_path),
-                format!("{}/channel", d.backend_path),
-            )
-        };
+    /// The live channels.
+    pub(super) fn live(&self) -> Vec<u32> {
+        self.records
+            .iter()
+            .filter(|(_, c)| c.is_live())
+            .map(|(&n, _)| n)
+            .collect()
+    }
+
+    /// Channels in the backend node when a device is found were made by an earlier backend
+    /// process: they are closed with "backend restarted", and forgotten once the frontend
+    /// removes them. Returns how many were still open.
+    pub(super) fn adopt_stale(&mut self, store: &dyn XenbusStore) -> Result<usize> {
+        let dir = format!("{}/{CHANNEL_DIR}", self.backend_path);
+        let mut n_closed = 0;
+        for name in list(store, &dir)? {
+            let Some(n) = paths::parse_index(&name) else {
+                continue;
+            };
+            let p = format!("{dir}/{name}");
+            let state = store
+                .read_opt(&ChannelKey::State.path(&p))?
+                .and_then(|v| XenbusState::parse(&v));
+            if state != Some(XenbusState::Closed) {
+                store.transaction(|t| {
+                    t.write(&ChannelKey::Error.path(&p), b"backend restarted")?;
+                    t.write(
+                        &ChannelKey::State.path(&p),
+                        XenbusState::Closed.value().as_bytes(),
+                    )
+                })?;
+                tracing::info!(device = %self.device, channel = n, "stale channel closed: backend restarted");
+                n_closed += 1;
+            }
+            let nonce = read_nonce(store, &p)?;
+            self.records.insert(n, ChannelRecord::Closed(nonce));
+        }
+        Ok(n_closed)
+    }
+
+    /// Follows every `channel/<n>` of the frontend; connects new ones when `active` (with
+    /// `opener`, charging quotas read from the backend node over `defaults`).
+    pub(super) fn scan(
+        &mut self,
+        store: &dyn XenbusStore,
+        opener: &mut dyn ChannelOpener,
+        defaults: Quotas,
+        active: bool,
+    ) -> Result<()> {
+        let id = self.device;
+        let fdir = format!("{}/{CHANNEL_DIR}", self.frontend_path);
+        let bdir = format!("{}/{CHANNEL_DIR}", self.backend_path);
         let mut frontend: BTreeMap<u32, (Option<XenbusState>, Nonce)> = BTreeMap::new();
-        for name in list(&*self.store, &fdir)? {
+        for name in list(store, &fdir)? {
             let Some(n) = paths::parse_index(&name) else {
                 continue;
             };
             // The nonce first: the frontend writes it with Initialised in one transaction, so
             // a state read after it is of the same instance or a later one.
-            let nonce = read_nonce(&*self.store, &format!("{fdir}/{name}"))?;
-            let st = self
-                .store
-                .read_opt(&format!("{fdir}/{name}/state"))?
+            let nonce = read_nonce(store, &format!("{fdir}/{name}"))?;
+            let st = store
+                .read_opt(&ChannelKey::State.path(&format!("{fdir}/{name}")))?
                 .and_then(|v| XenbusState::parse(&v));
             frontend.insert(n, (st, nonce));
         }
         // Channels the frontend removed: reclaim, then remove ours.
-        let known: Vec<u32> = self.devices[&id].channels.keys().copied().collect();
+        let known: Vec<u32> = self.records.keys().copied().collect();
         for n in known {
             if frontend.contains_key(&n) {
                 continue;
             }
-            self.close_channel(id, n, &CloseReason::Frontend, false);
-            if let Some(d) = self.devices.get_mut(&id) {
-                d.channels.remove(&n);
-            }
-            self.store
-                .rm(&format!("{bdir}/{n}"))
-                .or_else(ignore_enoent)?;
+            self.close(n, &CloseReason::Frontend, false);
+            self.records.remove(&n);
+            store.rm(&format!("{bdir}/{n}")).or_else(ignore_enoent)?;
             tracing::debug!(device = %id, channel = n, "channel removed");
         }
         // Backend channel nodes with no record and no frontend node are leftovers.
-        for name in list(&*self.store, &bdir)? {
+        for name in list(store, &bdir)? {
             if let Some(n) = paths::parse_index(&name) {
-                if !frontend.contains_key(&n) && !self.devices[&id].channels.contains_key(&n) {
-                    self.store
-                        .rm(&format!("{bdir}/{n}"))
-                        .or_else(ignore_enoent)?;
+                if !frontend.contains_key(&n) && !self.records.contains_key(&n) {
+                    store.rm(&format!("{bdir}/{n}")).or_else(ignore_enoent)?;
                 }
             }
         }
@@ -163,44 +163,44 @@ impl XenbusBackend {
             // A record of an earlier instance at this index: its frontend removed its node and
             // a new one took the index before we saw the removal (watch events coalesce). The
             // old instance is over; the new one is served on its own.
-            let obsolete = self.devices[&id]
-                .channels
+            let obsolete = self
+                .records
                 .get(&n)
                 .is_some_and(|r| r.nonce() != nonce.as_deref());
             if obsolete {
-                self.close_channel(id, n, &CloseReason::Frontend, true);
-                if let Some(d) = self.devices.get_mut(&id) {
-                    d.channels.remove(&n);
-                }
+                self.close(n, &CloseReason::Frontend, true);
+                self.records.remove(&n);
                 tracing::debug!(device = %id, channel = n, "a new channel instance took the index");
             }
-            let live = match self.devices[&id].channels.get(&n) {
+            let live = match self.records.get(&n) {
                 Some(ChannelRecord::Live(..)) => true,
                 Some(ChannelRecord::Closed(_)) => continue,
                 None => false,
             };
             match (live, st) {
                 (true, Some(XenbusState::Closing)) => {
-                    self.close_channel(id, n, &CloseReason::Frontend, true);
-                    self.finish_close(id, n, nonce.as_deref(), None, true)?;
+                    self.close(n, &CloseReason::Frontend, true);
+                    self.finish_close(store, n, nonce.as_deref(), None, true)?;
                 }
                 (true, Some(XenbusState::Closed)) | (true, None) => {
-                    self.close_channel(id, n, &CloseReason::Frontend, true);
-                    self.finish_close(id, n, nonce.as_deref(), None, false)?;
+                    self.close(n, &CloseReason::Frontend, true);
+                    self.finish_close(store, n, nonce.as_deref(), None, false)?;
                 }
                 (true, _) => {}
-                (false, Some(XenbusState::Initialised)) if active => self.connect(id, n)?,
+                (false, Some(XenbusState::Initialised)) if active => {
+                    self.connect(store, opener, defaults, n)?
+                }
                 (false, Some(XenbusState::Initialised)) => self.refuse(
-                    id,
+                    store,
                     n,
                     nonce.as_deref(),
                     "the device is not connected (detached or closing)",
                 )?,
                 (false, Some(XenbusState::Closing | XenbusState::Closed)) => {
-                    self.finish_close(id, n, nonce.as_deref(), None, false)?
+                    self.finish_close(store, n, nonce.as_deref(), None, false)?
                 }
                 (false, Some(XenbusState::Connected)) => self.refuse(
-                    id,
+                    store,
                     n,
                     nonce.as_deref(),
                     "this channel was not connected by the running backend (backend restarted)",
@@ -213,36 +213,44 @@ impl XenbusBackend {
 
     /// Connects channel `n`: validates what the frontend wrote, charges the quota, opens the
     /// live channel, answers Connected; on any failure answers Closed with an error.
-    fn connect(&mut self, id: DeviceId, n: u32) -> Result<()> {
-        let fpath = format!("{}/channel/{n}", self.devices[&id].frontend_path);
-        // The nonce first (see scan_channels): the fields read after it are of its instance.
-        let nonce = read_nonce(&*self.store, &fpath)?;
+    fn connect(
+        &mut self,
+        store: &dyn XenbusStore,
+        opener: &mut dyn ChannelOpener,
+        defaults: Quotas,
+        n: u32,
+    ) -> Result<()> {
+        let id = self.device;
+        let fpath = channel_path(&self.frontend_path, n);
+        // The nonce first (see scan): the fields read after it are of its instance.
+        let nonce = read_nonce(store, &fpath)?;
         let nonce_ref = nonce.as_deref();
-        let req = match self.read_channel_request(id, n, &fpath)? {
+        let req = match self.read_request(store, n, &fpath)? {
             Ok(r) => r,
-            Err(why) => return self.refuse(id, n, nonce_ref, &why),
+            Err(why) => return self.refuse(store, n, nonce_ref, &why),
         };
         let account = req.account.clone();
-        account.set_quotas(self.read_quotas(id)?);
+        account.set_quotas(paths::read_quotas(store, &self.backend_path, defaults, id)?);
         if let Err(e) = account.charge(Resource::Channels, 1) {
-            return self.refuse(id, n, nonce_ref, &e.to_string());
+            return self.refuse(store, n, nonce_ref, &e.to_string());
         }
         let (version, pid, mode) = (req.version, req.pid, req.mode);
-        let link = match self.opener.open(req) {
+        let link = match opener.open(req) {
             Ok(link) => link,
             Err(why) => {
                 account.refund(Resource::Channels, 1);
-                return self.refuse(id, n, nonce_ref, &why);
+                return self.refuse(store, n, nonce_ref, &why);
             }
         };
-        let bpath = format!("{}/channel/{n}", self.devices[&id].backend_path);
-        let written = self.store.transaction(|t| {
-            if t.exists(&format!("{bpath}/error"))? {
-                t.rm(&format!("{bpath}/error"))?;
+        let bpath = channel_path(&self.backend_path, n);
+        let written = store.transaction(|t| {
+            let err = ChannelKey::Error.path(&bpath);
+            if t.exists(&err)? {
+                t.rm(&err)?;
             }
             write_nonce(t, &bpath, nonce_ref)?;
             t.write(
-                &format!("{bpath}/state"),
+                &ChannelKey::State.path(&bpath),
                 XenbusState::Connected.value().as_bytes(),
             )
         });
@@ -251,9 +259,7 @@ impl XenbusBackend {
             account.refund(Resource::Channels, 1);
             return Err(e);
         }
-        if let Some(d) = self.devices.get_mut(&id) {
-            d.channels.insert(n, ChannelRecord::Live(link, nonce));
-        }
+        self.records.insert(n, ChannelRecord::Live(link, nonce));
         tracing::info!(
             device = %id,
             channel = n,
@@ -263,15 +269,17 @@ impl XenbusBackend {
         Ok(())
     }
 
-    fn read_channel_request(
+    /// What the frontend wrote for channel `n` (at `fpath`), validated; a sentence saying
+    /// what is wrong otherwise.
+    fn read_request(
         &self,
-        id: DeviceId,
+        store: &dyn XenbusStore,
         n: u32,
         fpath: &str,
     ) -> Result<std::result::Result<ChannelRequest, String>> {
-        let read_u32 = |key: &str| -> Result<std::result::Result<u32, String>> {
-            let path = format!("{fpath}/{key}");
-            Ok(match self.store.read_opt(&path)? {
+        let read_u32 = |key: ChannelKey| -> Result<std::result::Result<u32, String>> {
+            let path = key.path(fpath);
+            Ok(match store.read_opt(&path)? {
                 None => Err(format!("channel/{n}/{key} is missing")),
                 Some(v) => std::str::from_utf8(&v)
                     .ok()
@@ -284,7 +292,7 @@ impl XenbusBackend {
                     }),
             })
         };
-        let version = match read_u32("version")? {
+        let version = match read_u32(ChannelKey::Version)? {
             Ok(v) => v,
             Err(e) => return Ok(Err(e)),
         };
@@ -293,44 +301,52 @@ impl XenbusBackend {
                 "protocol version {version} is not supported; this backend speaks version {PROTOCOL_VERSION}"
             )));
         }
-        let ring_ref = match read_u32("ring-ref")? {
+        let ring_ref = match read_u32(ChannelKey::RingRef)? {
             Ok(v) => v,
             Err(e) => return Ok(Err(e)),
         };
-        let event_channel = match read_u32("event-channel")? {
+        let event_channel = match read_u32(ChannelKey::EventChannel)? {
             Ok(v) => v,
             Err(e) => return Ok(Err(e)),
         };
-        let pid = read_u32("pid")?.ok();
-        let mode = match self.store.read_opt(&format!("{fpath}/mode"))? {
+        let pid = read_u32(ChannelKey::Pid)?.ok();
+        let mode = match store.read_opt(&ChannelKey::Mode.path(fpath))? {
             None => ChannelMode::Bypass,
             Some(v) => match v.trim_ascii() {
-                b"bypass" | b"" => ChannelMode::Bypass,
-                b"mediated" => ChannelMode::Mediated,
+                b"" => ChannelMode::Bypass,
+                v if v == MODE_BYPASS.as_bytes() => ChannelMode::Bypass,
+                v if v == MODE_MEDIATED.as_bytes() => ChannelMode::Mediated,
                 other => {
                     return Ok(Err(format!(
-                        "channel/{n}/mode = {:?} is neither \"bypass\" nor \"mediated\"",
+                        "channel/{n}/{} = {:?} is neither {MODE_BYPASS:?} nor {MODE_MEDIATED:?}",
+                        ChannelKey::Mode,
                         String::from_utf8_lossy(other)
                     )))
                 }
             },
         };
         Ok(Ok(ChannelRequest {
-            device: id,
+            device: self.device,
             channel: n,
             ring_ref,
             event_channel,
             version,
             pid,
             mode,
-            account: self.devices[&id].account.clone(),
+            account: self.account.clone(),
         }))
     }
 
     /// Answers channel instance `nonce` at index `n` with Closed and an error sentence.
-    fn refuse(&mut self, id: DeviceId, n: u32, nonce: Option<&str>, why: &str) -> Result<()> {
-        tracing::warn!(device = %id, channel = n, "channel refused: {why}");
-        self.finish_close(id, n, nonce, Some(why), false)
+    fn refuse(
+        &mut self,
+        store: &dyn XenbusStore,
+        n: u32,
+        nonce: Option<&str>,
+        why: &str,
+    ) -> Result<()> {
+        tracing::warn!(device = %self.device, channel = n, "channel refused: {why}");
+        self.finish_close(store, n, nonce, Some(why), false)
     }
 
     /// Writes the backend channel node's Closed (after Closing when `closing_first`), with
@@ -338,28 +354,25 @@ impl XenbusBackend {
     /// records the channel as Closed.
     fn finish_close(
         &mut self,
-        id: DeviceId,
+        store: &dyn XenbusStore,
         n: u32,
         nonce: Option<&str>,
         error: Option<&str>,
         closing_first: bool,
     ) -> Result<()> {
-        let Some(d) = self.devices.get_mut(&id) else {
-            return Ok(());
-        };
-        d.channels
+        self.records
             .insert(n, ChannelRecord::Closed(nonce.map(str::to_owned)));
-        let bpath = format!("{}/channel/{n}", d.backend_path);
+        let bpath = channel_path(&self.backend_path, n);
         let write = |state: XenbusState, error: Option<&str>| {
-            self.store.transaction(|t| {
-                let err = format!("{bpath}/error");
+            store.transaction(|t| {
+                let err = ChannelKey::Error.path(&bpath);
                 match error {
                     Some(why) => t.write(&err, why.as_bytes())?,
                     None if t.exists(&err)? => t.rm(&err)?,
                     None => {}
                 }
                 write_nonce(t, &bpath, nonce)?;
-                t.write(&format!("{bpath}/state"), state.value().as_bytes())
+                t.write(&ChannelKey::State.path(&bpath), state.value().as_bytes())
             })
         };
         if closing_first {
@@ -368,22 +381,21 @@ impl XenbusBackend {
         write(XenbusState::Closed, error)
     }
 
-    /// Closes live channel `n` (reclaiming it) if it is live; the record stays for the caller
-    /// to update. Returns whether it was live.
-    fn close_channel(&mut self, id: DeviceId, n: u32, reason: &CloseReason, log: bool) -> bool {
-        let Some(d) = self.devices.get_mut(&id) else {
-            return false;
-        };
-        let nonce = match d.channels.get(&n) {
+    /// Closes live channel `n` (reclaiming it) if it is live; the record stays (as Closed)
+    /// for the caller to update. Returns whether it was live.
+    fn close(&mut self, n: u32, reason: &CloseReason, log: bool) -> bool {
+        let nonce = match self.records.get(&n) {
             Some(ChannelRecord::Live(_, nonce)) => nonce.clone(),
             _ => return false,
         };
-        let Some(ChannelRecord::Live(link, _)) = d.channels.insert(n, ChannelRecord::Closed(nonce))
+        let Some(ChannelRecord::Live(link, _)) =
+            self.records.insert(n, ChannelRecord::Closed(nonce))
         else {
             return false;
         };
         link.close(reason);
-        d.account.refund(Resource::Channels, 1);
+        self.account.refund(Resource::Channels, 1);
+        let id = self.device;
         if log {
             tracing::info!(device = %id, channel = n, "channel closed and reclaimed: {reason}");
         } else {
@@ -392,72 +404,72 @@ impl XenbusBackend {
         true
     }
 
-    /// Closes every live channel of a device; with `polite`, each gets Closing then Closed
-    /// (and an error naming the reason) in the backend node.
-    pub(super) fn close_all_channels(
+    /// Closes every live channel; with `polite`, each gets Closing then Closed (and an error
+    /// naming the reason) in the backend node. Returns how many were live.
+    pub(super) fn close_all(
         &mut self,
-        id: DeviceId,
+        store: &dyn XenbusStore,
         reason: &CloseReason,
         polite: bool,
     ) -> usize {
-        let live: Vec<u32> = self
-            .devices
-            .get(&id)
-            .map(|d| {
-                d.channels
-                    .iter()
-                    .filter(|(_, c)| c.is_live())
-                    .map(|(&n, _)| n)
-                    .collect()
-            })
-            .unwrap_or_default();
+        let live = self.live();
         for &n in &live {
-            self.close_channel(id, n, reason, true);
+            self.close(n, reason, true);
             if polite {
                 let why = (*reason != CloseReason::Frontend).then(|| reason.to_string());
-                let nonce = self.record_nonce(id, n);
-                if let Err(e) = self.finish_close(id, n, nonce.as_deref(), why.as_deref(), true) {
-                    tracing::warn!(device = %id, channel = n, "cannot write the channel's Closed state: {e}");
+                let nonce = self.record_nonce(n);
+                if let Err(e) = self.finish_close(store, n, nonce.as_deref(), why.as_deref(), true)
+                {
+                    tracing::warn!(device = %self.device, channel = n, "cannot write the channel's Closed state: {e}");
                 }
             }
         }
         live.len()
     }
 
+    /// The frontend node went: forgets every record (the caller closed the live ones) and
+    /// removes the backend's `channel` directory.
+    pub(super) fn forget_all(&mut self, store: &dyn XenbusStore) -> Result<()> {
+        self.records.clear();
+        store
+            .rm(&format!("{}/{CHANNEL_DIR}", self.backend_path))
+            .or_else(ignore_enoent)
+    }
+
     /// The nonce of the instance recorded at index `n`.
-    fn record_nonce(&self, id: DeviceId, n: u32) -> Nonce {
-        self.devices
-            .get(&id)
-            .and_then(|d| d.channels.get(&n))
+    fn record_nonce(&self, n: u32) -> Nonce {
+        self.records
+            .get(&n)
             .and_then(|r| r.nonce().map(str::to_owned))
     }
 
     /// A live channel reported a fault (from its control service, through the daemon).
-    pub fn channel_fault(&mut self, id: DeviceId, n: u32, fault: ChannelFault) -> Result<()> {
+    pub(super) fn fault(
+        &mut self,
+        store: &dyn XenbusStore,
+        n: u32,
+        fault: ChannelFault,
+    ) -> Result<()> {
+        let id = self.device;
         match fault {
             ChannelFault::Died => {
-                if !self.close_channel(id, n, &CloseReason::ProcessDied, true) {
+                if !self.close(n, &CloseReason::ProcessDied, true) {
                     return Ok(());
                 }
-                let Some(d) = self.devices.get(&id) else {
-                    return Ok(());
-                };
-                let fpath = format!("{}/channel/{n}", d.frontend_path);
-                let bpath = format!("{}/channel/{n}", d.backend_path);
+                let fpath = channel_path(&self.frontend_path, n);
+                let bpath = channel_path(&self.backend_path, n);
                 // The process is gone: nobody will remove its node; we may (if privileged).
-                match self.store.rm(&fpath).or_else(ignore_enoent) {
+                match store.rm(&fpath).or_else(ignore_enoent) {
                     Ok(()) => {
-                        self.store.rm(&bpath).or_else(ignore_enoent)?;
-                        if let Some(d) = self.devices.get_mut(&id) {
-                            d.channels.remove(&n);
-                        }
+                        store.rm(&bpath).or_else(ignore_enoent)?;
+                        self.records.remove(&n);
                         tracing::info!(device = %id, channel = n, "channel nodes removed");
                         Ok(())
                     }
                     Err(e) if e.is_access_denied() => {
-                        let nonce = self.record_nonce(id, n);
+                        let nonce = self.record_nonce(n);
                         self.finish_close(
-                            id,
+                            store,
                             n,
                             nonce.as_deref(),
                             Some("the frontend process died"),
@@ -469,11 +481,11 @@ impl XenbusBackend {
             }
             ChannelFault::Protocol(why) => {
                 let reason = CloseReason::ProtocolError(why);
-                if !self.close_channel(id, n, &reason, true) {
+                if !self.close(n, &reason, true) {
                     return Ok(());
                 }
-                let nonce = self.record_nonce(id, n);
-                self.finish_close(id, n, nonce.as_deref(), Some(&reason.to_string()), false)
+                let nonce = self.record_nonce(n);
+                self.finish_close(store, n, nonce.as_deref(), Some(&reason.to_string()), false)
             }
         }
     }

@@ -10,6 +10,10 @@
 //! - Live channels are opaque [`ChannelLink`]s made by a [`ChannelOpener`] (the control
 //!   service in the daemon, a fake in tests). Closing a link reclaims everything it held
 //!   (perhaps just after `close` returns: it never waits long on a guest).
+//!
+//! Modules, each importing only the ones before it: `paths` (XenStore paths and read/write
+//! helpers), `channel` (the per-channel handshake of one device, `DeviceChannels`), `backend`
+//! (device records and the device-level state machine, which calls `DeviceChannels`).
 
 mod backend;
 mod channel;
@@ -25,52 +29,10 @@ pub use paths::{
     backend_root, device_backend_path, device_frontend_path, device_stats_path, stats_root,
 };
 
+pub use shared_ring::abi::xenstore::XenbusState;
+
 use crate::device::ChannelMode;
 use crate::resources::Account;
-
-/// Xenbus states (`io/xenbus.h`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum XenbusState {
-    Unknown = 0,
-    Initialising = 1,
-    InitWait = 2,
-    Initialised = 3,
-    Connected = 4,
-    Closing = 5,
-    Closed = 6,
-    Reconfiguring = 7,
-    Reconfigured = 8,
-}
-
-impl XenbusState {
-    /// Parses a `state` node's value; anything else is `None`.
-    pub fn parse(value: &[u8]) -> Option<XenbusState> {
-        let text = std::str::from_utf8(value).ok()?;
-        Some(match text.trim().parse::<u32>().ok()? {
-            0 => XenbusState::Unknown,
-            1 => XenbusState::Initialising,
-            2 => XenbusState::InitWait,
-            3 => XenbusState::Initialised,
-            4 => XenbusState::Connected,
-            5 => XenbusState::Closing,
-            6 => XenbusState::Closed,
-            7 => XenbusState::Reconfiguring,
-            8 => XenbusState::Reconfigured,
-            _ => return None,
-        })
-    }
-
-    /// The node value (`"4"`).
-    pub fn value(self) -> String {
-        (self as u32).to_string()
-    }
-}
-
-impl std::fmt::Display for XenbusState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:?}({})", self, *self as u32)
-    }
-}
 
 /// A guest device: frontend domain and device id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

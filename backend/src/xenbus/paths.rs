@@ -1,6 +1,12 @@
-//! XenStore paths of the vrdma device class (docs/split-driver.md).
+//! XenStore paths of the vrdma device class (docs/split-driver.md) and the small read/write
+//! helpers the device and channel state machines share. Depends on nothing else in `xenbus`
+//! but its plain types (the import order is paths ← channel ← backend).
+
+use shared_ring::abi::xenstore::ChannelKey;
+use xenstore_proto::client::{NodeOps, Result, XenbusStore};
 
 use super::DeviceId;
+use crate::resources::{Quotas, Resource};
 
 /// `/local/domain/<B>/backend/vrdma`: what the backend watches.
 pub fn backend_root(backend_domid: u32) -> String {
@@ -47,6 +53,77 @@ pub(crate) fn device_of(root: &str, path: &str) -> Option<DeviceId> {
     let domid = parse_index(parts.next()?)?;
     let devid = parse_index(parts.next()?)?;
     Some(DeviceId { domid, devid })
+}
+
+/// Children of `path`, none if it does not exist.
+pub(super) fn list(store: &dyn XenbusStore, path: &str) -> Result<Vec<String>> {
+    match store.directory(path) {
+        Ok(v) => Ok(v),
+        Err(e) if e.is_not_found() => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
+}
+
+/// A `0`/`1` node; missing or anything else is false.
+pub(super) fn read_flag(store: &dyn NodeOps, path: &str) -> Result<bool> {
+    Ok(store
+        .read_opt(path)?
+        .is_some_and(|v| v.trim_ascii() == b"1"))
+}
+
+/// For `.or_else`: a node that is already gone is not an error.
+pub(super) fn ignore_enoent(e: xenstore_proto::client::Error) -> Result<()> {
+    if e.is_not_found() {
+        Ok(())
+    } else {
+        Err(e)
+    }
+}
+
+/// Reads a channel node's `nonce` (absent, or not text: `None`).
+pub(super) fn read_nonce(store: &dyn XenbusStore, chan_path: &str) -> Result<Option<String>> {
+    Ok(store
+        .read_opt(&ChannelKey::Nonce.path(chan_path))?
+        .and_then(|v| String::from_utf8(v).ok()))
+}
+
+/// Writes (or removes) the backend channel node's `nonce` in a transaction.
+pub(super) fn write_nonce(t: &dyn NodeOps, bpath: &str, nonce: Option<&str>) -> Result<()> {
+    let p = ChannelKey::Nonce.path(bpath);
+    match nonce {
+        Some(v) => t.write(&p, v.as_bytes()),
+        None if t.exists(&p)? => t.rm(&p),
+        None => Ok(()),
+    }
+}
+
+/// Reads device `id`'s quotas from its backend node `base` (the toolstack owns them); missing
+/// or unreadable keys take `defaults`.
+pub(super) fn read_quotas(
+    store: &dyn XenbusStore,
+    base: &str,
+    defaults: Quotas,
+    id: DeviceId,
+) -> Result<Quotas> {
+    let mut q = defaults;
+    for r in Resource::ALL {
+        let path = format!("{base}/{}", r.quota_key());
+        if let Some(v) = store.read_opt(&path)? {
+            match std::str::from_utf8(&v)
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+            {
+                Some(v) => q.set(r, v),
+                None => tracing::warn!(
+                    device = %id,
+                    "{path} = {:?} is not a number; using the default {}",
+                    String::from_utf8_lossy(&v),
+                    q.get(r)
+                ),
+            }
+        }
+    }
+    Ok(q)
 }
 
 #[cfg(test)]

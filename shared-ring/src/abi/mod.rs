@@ -13,6 +13,7 @@ pub mod cqe;
 pub mod event;
 pub mod page_dir;
 pub mod wqe;
+pub mod xenstore;
 
 /// Version of the vrdma shared-memory protocol described by this crate. Negotiated in the
 /// channel's XenStore `version` key and the `Init` control request; stamped in the doorbell page.
