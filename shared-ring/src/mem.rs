@@ -631,8 +631,22 @@ mod tests {
             Err(MemError::BadRegionLength { .. })
         ));
         let sub = r.subregion(32, 32).unwrap();
-        assert!(sub.word(32).is_err());
-        assert!(r.subregion(32, 36).is_err());
+        assert_eq!(
+            sub.word(32).err(),
+            Some(MemError::OutOfBounds {
+                offset: 32,
+                len: 4,
+                region_len: 32
+            })
+        );
+        assert_eq!(
+            r.subregion(32, 36).err(),
+            Some(MemError::OutOfBounds {
+                offset: 32,
+                len: 36,
+                region_len: 64
+            })
+        );
     }
 
     #[test]
@@ -660,10 +674,38 @@ mod tests {
         assert_eq!(b, [1, 2, 1, 2, 3, 4, 5]);
         let s = SharedRegion::alloc(16).unwrap();
         s.copy_from(15, &r, 63, 1).unwrap();
-        assert!(s.copy_from(15, &r, 63, 2).is_err());
-        assert!(r.read_bytes(60, &mut [0; 5]).is_err());
-        assert!(r.write_bytes(usize::MAX, &[0]).is_err());
-        assert!(r.copy_from(0, &s, 1, 16).is_err());
+        assert_eq!(
+            s.copy_from(15, &r, 63, 2).err(),
+            Some(MemError::OutOfBounds {
+                offset: 15,
+                len: 2,
+                region_len: 16
+            })
+        );
+        assert_eq!(
+            r.read_bytes(60, &mut [0; 5]).err(),
+            Some(MemError::OutOfBounds {
+                offset: 60,
+                len: 5,
+                region_len: 64
+            })
+        );
+        assert_eq!(
+            r.write_bytes(usize::MAX, &[0]).err(),
+            Some(MemError::OutOfBounds {
+                offset: usize::MAX,
+                len: 1,
+                region_len: 64
+            })
+        );
+        assert_eq!(
+            r.copy_from(0, &s, 1, 16).err(),
+            Some(MemError::OutOfBounds {
+                offset: 1,
+                len: 16,
+                region_len: 16
+            })
+        );
     }
 
     #[test]

@@ -217,12 +217,33 @@ mod tests {
     #[test]
     fn unknown_ops_and_statuses_are_errors() {
         let mut b = [0u8; 64];
-        assert!(RequestRepr::parse(&b).is_err());
+        assert_eq!(
+            RequestRepr::parse(&b).err(),
+            Some(AbiError::Unknown {
+                what: "control op",
+                value: 0
+            })
+        );
         b[4] = 21;
-        assert!(RequestRepr::parse(&b).is_err());
+        assert_eq!(
+            RequestRepr::parse(&b).err(),
+            Some(AbiError::Unknown {
+                what: "control op",
+                value: 21
+            })
+        );
         b[4] = 2;
         b[8] = 99;
-        assert!(ResponseRepr::parse(&b).is_err());
-        assert!(RequestRepr::parse(&b[..63]).is_err());
+        assert_eq!(
+            ResponseRepr::parse(&b).err(),
+            Some(AbiError::Unknown {
+                what: "status",
+                value: 99
+            })
+        );
+        assert_eq!(
+            RequestRepr::parse(&b[..63]).err(),
+            Some(AbiError::Truncated { len: 63, need: 64 })
+        );
     }
 }

@@ -408,7 +408,12 @@ mod tests {
         assert_eq!(&b[8..12], &[4, 0, 0, 0]);
         assert_eq!(ResponseRepr::parse(&b).unwrap(), err);
         b[12] = 1;
-        assert!(ResponseRepr::parse(&b).is_err());
+        assert_eq!(
+            ResponseRepr::parse(&b).err(),
+            Some(AbiError::Reserved {
+                field: "control response"
+            })
+        );
     }
 
     #[test]
@@ -432,6 +437,11 @@ mod tests {
         assert_eq!(&b[56..60], &[4, 3, 2, 1]);
         assert_eq!(ResponseRepr::parse(&b).unwrap(), ok);
         b[60] = 1; // still reserved
-        assert!(ResponseRepr::parse(&b).is_err());
+        assert_eq!(
+            ResponseRepr::parse(&b).err(),
+            Some(AbiError::Reserved {
+                field: "control response"
+            })
+        );
     }
 }
