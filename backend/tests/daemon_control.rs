@@ -14,7 +14,6 @@ use shared_ring::abi::control::{
 };
 use shared_ring::abi::page_dir::PageList;
 use vrdma_backend::control::ControlService;
-use vrdma_backend::device::platform::shared_pages_region;
 use vrdma_backend::device::{ChannelMode, Device, EngineConfig, SoftDevice};
 use vrdma_backend::resources::{Account, Quotas};
 use vrdma_backend::xenbus::{CloseReason, DeviceId};
@@ -273,7 +272,7 @@ fn a_looping_page_directory_ends() {
         .share_pages(DomId::DOM0, 1, Access::ReadOnly)
         .unwrap();
     let g = dir.grant_refs()[0].0;
-    let region = shared_pages_region(dir).unwrap();
+    let region = dir.into_region().unwrap();
     for i in 0..1024 {
         region
             .store_u32(i * 4, g, std::sync::atomic::Ordering::Relaxed)

@@ -13,7 +13,6 @@ use daemon_common::*;
 use shared_ring::abi::control::{access, Reply, Request, RequestRepr, ResponseRepr, Status};
 use shared_ring::abi::page_dir::{write_page_list, GREFS_PER_DIR_PAGE};
 use vrdma_backend::daemon::{self, MetricsSnapshot};
-use vrdma_backend::device::platform::shared_pages_region;
 use vrdma_backend::resources::Quotas;
 use vrdma_backend::toolstack;
 use xen_platform::{Access, DomId};
@@ -223,7 +222,7 @@ fn flood(fe: Frontend, stop: Arc<AtomicBool>, answered: Arc<AtomicU64>) -> Front
         .share_pages(DomId::DOM0, n_dir, Access::ReadOnly)
         .unwrap();
     let dir_grefs: Vec<u32> = dir.grant_refs().iter().map(|g| g.0).collect();
-    let dir = shared_pages_region(dir).unwrap();
+    let dir = dir.into_region().unwrap();
     let dir_regions: Vec<_> = (0..n_dir)
         .map(|i| dir.subregion(i * xen_platform::PAGE_SIZE, xen_platform::PAGE_SIZE))
         .collect::<Result<_, _>>()

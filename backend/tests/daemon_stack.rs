@@ -7,7 +7,6 @@ use daemon_common::*;
 use shared_ring::abi::control::{access, QpState, Reply, Request, Status};
 use shared_ring::abi::page_dir::{write_page_list, PageList};
 use shared_ring::doorbell::DOORBELL_MAGIC;
-use vrdma_backend::device::platform::shared_pages_region;
 use vrdma_backend::resources::Quotas;
 use vrdma_backend::toolstack;
 use xen_platform::{Access, DomId, GrantRef};
@@ -68,9 +67,7 @@ fn a_channel_gets_valid_grants_for_everything_it_creates() {
         .platform
         .map_grants(DomId::DOM0, &[GrantRef(doorbell_gref)], Access::ReadWrite)
         .unwrap();
-    let db = vrdma_backend::device::platform::foreign_mapping_region(db)
-        .unwrap()
-        .0;
+    let db = db.into_region().unwrap();
     assert_eq!(
         db.load_u32(0, std::sync::atomic::Ordering::Acquire)
             .unwrap(),
@@ -109,7 +106,7 @@ fn a_channel_gets_valid_grants_for_everything_it_creates() {
         .unwrap();
     let dir_gref = dir.grant_refs()[0].0;
     // The directory page must stay granted until the backend has read it.
-    let dir_regions = [shared_pages_region(dir).unwrap()];
+    let dir_regions = [dir.into_region().unwrap()];
     let list = write_page_list(&big_grefs, &dir_regions, &[dir_gref]).unwrap();
     let r = fe.call(Request::RegMr {
         pd,

@@ -133,26 +133,26 @@ impl MemoryRegion {
     /// Copies `data` into the region at `offset`.
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
         self.check(offset, data.len())?;
-        crate::shm::write_bytes(&self.e().region, offset, data)
+        Ok(self.e().region.write_bytes(offset, data)?)
     }
 
     /// Copies bytes at `offset` out of the region into `buf`.
     pub fn read(&self, offset: usize, buf: &mut [u8]) -> Result<()> {
         self.check(offset, buf.len())?;
-        crate::shm::read_bytes(&self.e().region, offset, buf)
+        Ok(self.e().region.read_bytes(offset, buf)?)
     }
 
     /// Sets `len` bytes at `offset` to `byte`.
     pub fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<()> {
         self.check(offset, len)?;
-        crate::shm::fill_bytes(&self.e().region, offset, len, byte)
+        Ok(self.e().region.fill_bytes(offset, len, byte)?)
     }
 
     /// A copy of the whole region.
     pub fn to_vec(&self) -> Vec<u8> {
         let mut v = vec![0u8; self.len];
         // In bounds by construction.
-        let _ = crate::shm::read_bytes(&self.e().region, 0, &mut v);
+        let _ = self.e().region.read_bytes(0, &mut v);
         v
     }
 

@@ -293,7 +293,10 @@ mod tests {
             db.queue(31),
             Err(DoorbellError::NoSuchSlot { .. })
         ));
-        assert!(DoorbellPage::open(r.clone(), 2).is_err());
+        assert_eq!(
+            DoorbellPage::open(r.clone(), 2).err(),
+            Some(DoorbellError::VersionMismatch { found: 1, want: 2 })
+        );
         r.store_u32(field::SLOTS, 1000, Ordering::Relaxed).unwrap();
         assert_eq!(DoorbellPage::open(r.clone(), 1).unwrap().slots(), 31);
         r.store_u32(0, 0, Ordering::Relaxed).unwrap();

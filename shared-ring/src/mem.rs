@@ -6,7 +6,12 @@
 //! loads/stores. A racing peer can therefore make us read a torn *object*, never cause a data
 //! race in the Rust memory model; objects are copied out and validated after the copy.
 //! The one exception is bulk payload ([`SharedRegion::copy_from`], `read_bytes`,
-//! `write_bytes`): plain bytes copied at `memcpy` speed, which a racing writer can only garble.
+//! `write_bytes`, `fill_bytes`): plain bytes copied at `memcpy` speed, at any alignment, which a
+//! racing writer can only garble. These are the only two copy rules: structured slots go word by
+//! word, payload goes by bytes; no other crate copies to or from shared memory by other means.
+//!
+//! Platform pages enter through `from_raw_parts` in one place only (tests aside): xen-platform's
+//! `into_region()` on its page handles (`SharedPages`, `ForeignMapping`).
 //!
 //! Bounds and alignment are checked once, when a [`SharedWord`] or [`SlotArray`] is carved out
 //! of a [`SharedRegion`]; after that every access is in bounds by construction (slot indexes are
@@ -97,11 +102,15 @@ enum Owner {
     External(#[allow(dead_code)] Box<dyn std::any::Any + Send + Sync>),
 }
 
-// SAFETY: the backing is only a base pointer and length; all access through it is atomic
-// (see `SharedRegion::word_ptr`), so sharing it between threads cannot create a data race.
+// SAFETY: the backing is a base pointer, a length and an owner that is itself `Send + Sync`
+// (the heap layout, or a `Send + Sync` keep-alive). The memory behind the pointer belongs to no
+// thread, and this module reaches it only through `SharedRegion::with_word` (atomic word
+// accesses) and `SharedRegion::byte_ptr` (bulk copies of plain bytes, which another domain may
+// race with anyway), so moving the backing to another thread cannot create a data race on it.
 #[cfg(not(loom))]
 unsafe impl Send for Backing {}
-// SAFETY: as above: `&Backing` only hands out atomic accesses.
+// SAFETY: as above: `&Backing` gives out nothing but the pointer, used only by those two
+// accessors.
 #[cfg(not(loom))]
 unsafe impl Sync for Backing {}
 
@@ -185,8 +194,9 @@ impl SharedRegion {
     ///
     /// # Safety
     /// `base` must be valid for reads and writes of `len` bytes for as long as `keep_alive` is
-    /// alive, and that memory must only ever be accessed atomically or by another process /
-    /// domain (never through Rust references or non-atomic accesses in this process).
+    /// alive (or, for memory mapped read-only, valid for reads, and the caller never writes
+    /// through the region), and in this process that memory must only ever be accessed through
+    /// this module (never through Rust references or other accesses).
     #[cfg(not(loom))]
     pub unsafe fn from_raw_parts(
         base: std::ptr::NonNull<u8>,
@@ -393,6 +403,22 @@ impl SharedRegion {
             let mut tmp = vec![0u8; len];
             src.read_bytes(src_offset, &mut tmp)?;
             self.write_bytes(offset, &tmp)?;
+        }
+        Ok(())
+    }
+
+    /// Sets `len` bytes at any `offset` to `byte` (at `memset` speed, like [`Self::write_bytes`]).
+    pub fn fill_bytes(&self, offset: usize, len: usize, byte: u8) -> Result<(), MemError> {
+        self.check_bytes(offset, len)?;
+        #[cfg(not(loom))]
+        // SAFETY: as in `write_bytes`: the range is inside the live backing memory (checked),
+        // and writing plain bytes can only garble what a concurrent reader copies out.
+        unsafe {
+            std::ptr::write_bytes(self.byte_ptr(offset), byte, len);
+        }
+        #[cfg(loom)]
+        for i in 0..len {
+            self.loom_set_byte(offset + i, byte);
         }
         Ok(())
     }
@@ -605,8 +631,22 @@ mod tests {
             Err(MemError::BadRegionLength { .. })
         ));
         let sub = r.subregion(32, 32).unwrap();
-        assert!(sub.word(32).is_err());
-        assert!(r.subregion(32, 36).is_err());
+        assert_eq!(
+            sub.word(32).err(),
+            Some(MemError::OutOfBounds {
+                offset: 32,
+                len: 4,
+                region_len: 32
+            })
+        );
+        assert_eq!(
+            r.subregion(32, 36).err(),
+            Some(MemError::OutOfBounds {
+                offset: 32,
+                len: 36,
+                region_len: 64
+            })
+        );
     }
 
     #[test]
@@ -634,10 +674,89 @@ mod tests {
         assert_eq!(b, [1, 2, 1, 2, 3, 4, 5]);
         let s = SharedRegion::alloc(16).unwrap();
         s.copy_from(15, &r, 63, 1).unwrap();
-        assert!(s.copy_from(15, &r, 63, 2).is_err());
-        assert!(r.read_bytes(60, &mut [0; 5]).is_err());
-        assert!(r.write_bytes(usize::MAX, &[0]).is_err());
-        assert!(r.copy_from(0, &s, 1, 16).is_err());
+        assert_eq!(
+            s.copy_from(15, &r, 63, 2).err(),
+            Some(MemError::OutOfBounds {
+                offset: 15,
+                len: 2,
+                region_len: 16
+            })
+        );
+        assert_eq!(
+            r.read_bytes(60, &mut [0; 5]).err(),
+            Some(MemError::OutOfBounds {
+                offset: 60,
+                len: 5,
+                region_len: 64
+            })
+        );
+        assert_eq!(
+            r.write_bytes(usize::MAX, &[0]).err(),
+            Some(MemError::OutOfBounds {
+                offset: usize::MAX,
+                len: 1,
+                region_len: 64
+            })
+        );
+        assert_eq!(
+            r.copy_from(0, &s, 1, 16).err(),
+            Some(MemError::OutOfBounds {
+                offset: 1,
+                len: 16,
+                region_len: 16
+            })
+        );
+    }
+
+    #[test]
+    fn byte_copies_and_fills_at_every_alignment_touch_only_their_range() {
+        let r = SharedRegion::alloc(64).unwrap();
+        for off in 0..8 {
+            for len in 0..20 {
+                r.fill_bytes(0, 64, 0xee).unwrap();
+                let data: Vec<u8> = (0..len as u8).map(|i| i + 1).collect();
+                r.write_bytes(off, &data).unwrap();
+                let mut all = [0u8; 64];
+                r.read_bytes(0, &mut all).unwrap();
+                for (i, b) in all.iter().enumerate() {
+                    let want = if i >= off && i < off + len {
+                        data[i - off]
+                    } else {
+                        0xee
+                    };
+                    assert_eq!(*b, want, "write: off {off} len {len} byte {i}");
+                }
+                let mut back = vec![0u8; len];
+                r.read_bytes(off, &mut back).unwrap();
+                assert_eq!(back, data);
+                r.fill_bytes(off, len, 0x5a).unwrap();
+                r.read_bytes(0, &mut all).unwrap();
+                for (i, b) in all.iter().enumerate() {
+                    let want = if i >= off && i < off + len {
+                        0x5a
+                    } else {
+                        0xee
+                    };
+                    assert_eq!(*b, want, "fill: off {off} len {len} byte {i}");
+                }
+            }
+        }
+        assert_eq!(
+            r.fill_bytes(60, 5, 0),
+            Err(MemError::OutOfBounds {
+                offset: 60,
+                len: 5,
+                region_len: 64
+            })
+        );
+        assert_eq!(
+            r.fill_bytes(usize::MAX, 2, 0),
+            Err(MemError::OutOfBounds {
+                offset: usize::MAX,
+                len: 2,
+                region_len: 64
+            })
+        );
     }
 
     #[test]

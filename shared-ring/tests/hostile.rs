@@ -10,7 +10,7 @@ use shared_ring::abi::control::{RequestRepr, CONTROL_SLOT_LEN};
 use shared_ring::abi::cqe::CQE_LEN;
 use shared_ring::abi::wqe::{WqeRepr, WQE_LEN};
 use shared_ring::cq::{CqError, CqWriter};
-use shared_ring::doorbell::{field as db_field, DoorbellPage};
+use shared_ring::doorbell::{field as db_field, DoorbellError, DoorbellPage};
 use shared_ring::queue::{Consumer, QueueError};
 use shared_ring::xen_ring::{header, BackRing, FrontRing, RingError};
 use shared_ring::SharedRegion;
@@ -55,7 +55,14 @@ fn overflowing_producer_index_is_a_protocol_error() {
     region
         .store_u32(header::REQ_PROD, 40, Ordering::Release)
         .unwrap();
-    assert!(back.next_request().is_err());
+    assert_eq!(
+        back.next_request().err(),
+        Some(RingError::ProducerOverflow {
+            prod: 40,
+            cons: 32,
+            size: 32
+        })
+    );
     // producer moved backwards
     region
         .store_u32(header::REQ_PROD, 5, Ordering::Release)
@@ -110,7 +117,14 @@ fn front_end_rejects_overflowing_response_producer() {
         front.next_response(),
         Err(RingError::ProducerOverflow { .. })
     ));
-    assert!(front.final_check_for_responses().is_err());
+    assert_eq!(
+        front.final_check_for_responses().err(),
+        Some(RingError::ProducerOverflow {
+            prod: 1000,
+            cons: 0,
+            size: 32
+        })
+    );
 }
 
 /// A guest scribbling over the whole ring page while the backend consumes: the backend only
@@ -244,12 +258,27 @@ fn hostile_cq_consumer_index_and_arm_word() {
 #[test]
 fn garbage_doorbell_page_is_rejected_or_bounded() {
     let r = SharedRegion::alloc(4096).unwrap();
-    assert!(DoorbellPage::open(r.clone(), 1).is_err());
+    assert_eq!(
+        DoorbellPage::open(r.clone(), 1).err(),
+        Some(DoorbellError::BadMagic { found: 0 })
+    );
     DoorbellPage::init(r.clone(), 1).unwrap();
     r.store_u32(db_field::SLOTS, u32::MAX, Ordering::Relaxed)
         .unwrap();
     let db = DoorbellPage::open(r, 1).unwrap();
     assert_eq!(db.slots(), 31);
-    assert!(db.queue(u32::MAX).is_err());
-    assert!(db.cq(31).is_err());
+    assert_eq!(
+        db.queue(u32::MAX).err(),
+        Some(DoorbellError::NoSuchSlot {
+            slot: u32::MAX,
+            slots: 31
+        })
+    );
+    assert_eq!(
+        db.cq(31).err(),
+        Some(DoorbellError::NoSuchSlot {
+            slot: 31,
+            slots: 31
+        })
+    );
 }

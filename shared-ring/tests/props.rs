@@ -14,7 +14,7 @@ use shared_ring::abi::wqe::{WqeRepr, WQE_LEN};
 use shared_ring::cq::{CqPoller, CqWriter};
 use shared_ring::doorbell::DoorbellPage;
 use shared_ring::queue::{Consumer, Producer, QueueError};
-use shared_ring::xen_ring::{BackRing, FrontRing};
+use shared_ring::xen_ring::{BackRing, FrontRing, RingError};
 use shared_ring::SharedRegion;
 
 /// Longest op sequence (shorter under miri, which is ~1000x slower).
@@ -78,7 +78,7 @@ proptest! {
                         let free = size as usize - (in_ring.len() + to_answer.len() + answers.len());
                         let r = f.write_request(&next_req.to_le_bytes());
                         if free == 0 {
-                            prop_assert!(r.is_err());
+                            prop_assert_eq!(r.err(), Some(RingError::Full { size }));
                         } else {
                             prop_assert!(r.is_ok());
                             in_ring.push_back(next_req);
@@ -109,7 +109,10 @@ proptest! {
                                 b.write_response(&(!v).to_le_bytes()).unwrap();
                                 answers.push_back(v);
                             }
-                            None => prop_assert!(b.write_response(&[0; 8]).is_err()),
+                            None => prop_assert_eq!(
+                                b.write_response(&[0; 8]).err(),
+                                Some(RingError::NoRequestOutstanding)
+                            ),
                         }
                     }
                     let old = rsp_prod;

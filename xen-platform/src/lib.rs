@@ -10,8 +10,9 @@
 //! - **simulated host** ([`sim`]): `vrdma-simhost` plays the hypervisor for processes on one
 //!   machine — memfd pages and eventfds passed over per-domain Unix sockets.
 //!
-//! Shared memory is untrusted: it is handed out as raw pointer + length ([`SharedRegion`]),
-//! never as Rust references; see [`region`] for the contract.
+//! Shared memory is untrusted: it is never handed out as Rust references. A handle becomes a
+//! `shared_ring::SharedRegion` (the audited accessors) with `into_region()`, or shows where it
+//! is mapped as a [`PageSpan`]; see [`region`] for the contract.
 
 pub mod detect;
 pub mod error;
@@ -24,7 +25,7 @@ pub mod xen;
 pub use detect::{detect, PlatformKind, ENV_SIM_DIR, ENV_SIM_DOMID};
 pub use error::{Error, Result};
 pub use platform::{EventChannel, ForeignMapping, Platform, SharedPages, XenStoreEndpoint};
-pub use region::SharedRegion;
+pub use region::PageSpan;
 pub use types::{Access, DomId, EvtchnPort, GrantRef, UnmapNotify, PAGE_SIZE};
 /// The XenStore crate this platform speaks (its client types are part of this API).
 pub use xenstore_proto;

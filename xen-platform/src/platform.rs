@@ -10,7 +10,7 @@ use xenstore_proto::client::{AsyncClient, Client, DEFAULT_SOCKET_PATH, XENSTORED
 
 use crate::detect::{self, PlatformKind};
 use crate::error::{Error, Result};
-use crate::region::{Mapping, SharedRegion};
+use crate::region::{Mapping, OwnsMapping, PageSpan};
 use crate::sim::client::{SimConn, SimEvtchn, SimMapping, SimShare};
 use crate::types::{Access, DomId, EvtchnPort, GrantRef, UnmapNotify, PAGE_SIZE};
 use crate::xen::evtchn::XenEvtchn;
@@ -293,6 +293,15 @@ pub struct SharedPages {
     access: Access,
 }
 
+impl OwnsMapping for SharedPages {
+    fn mapping(&self) -> &Mapping {
+        match &self.inner {
+            SharedInner::Xen(s) => s.mapping(),
+            SharedInner::Sim(s) => s.mapping(),
+        }
+    }
+}
+
 impl SharedPages {
     /// The grant references, one per page, in order: what the peer passes to
     /// [`Platform::map_grants`].
@@ -303,20 +312,21 @@ impl SharedPages {
         }
     }
 
-    fn mapping(&self) -> &Mapping {
-        match &self.inner {
-            SharedInner::Xen(s) => s.mapping(),
-            SharedInner::Sim(s) => s.mapping(),
-        }
+    /// The pages as a [`shared_ring::SharedRegion`] (read-write for the sharer), which owns
+    /// them: the grant ends when the region's last clone is dropped. See [`crate::region`].
+    pub fn into_region(
+        self,
+    ) -> std::result::Result<shared_ring::SharedRegion, shared_ring::MemError> {
+        crate::region::into_region(self)
     }
 
-    /// The pages, as a raw region (read-write for the sharer). See [`crate::region`] for the
-    /// access contract: no Rust references into it.
-    pub fn region(&self) -> SharedRegion<'_> {
-        self.mapping().region()
+    /// Where the pages are mapped (read-write for the sharer). See [`crate::region`] for the
+    /// access contract: no Rust references into them.
+    pub fn span(&self) -> PageSpan<'_> {
+        self.mapping().span()
     }
 
-    /// Start of the pages (same as `region().as_ptr()`).
+    /// Start of the pages (same as `span().as_ptr()`).
     pub fn as_ptr(&self) -> *mut u8 {
         self.mapping().as_ptr()
     }
@@ -382,18 +392,30 @@ pub struct ForeignMapping {
     access: Access,
 }
 
-impl ForeignMapping {
+impl OwnsMapping for ForeignMapping {
     fn mapping(&self) -> &Mapping {
         match &self.inner {
             MappingInner::Xen(m) => m.mapping(),
             MappingInner::Sim(m) => m.mapping(),
         }
     }
+}
 
-    /// The mapped pages as a raw region; read-only if mapped so (writes fault). See
+impl ForeignMapping {
+    /// The mapped pages as a [`shared_ring::SharedRegion`], which owns the mapping: the pages
+    /// are unmapped when the region's last clone is dropped. A read-only mapping
+    /// ([`Access::ReadOnly`]) gives a region the caller must only read (writes fault); check
+    /// [`Self::access`] first. See [`crate::region`].
+    pub fn into_region(
+        self,
+    ) -> std::result::Result<shared_ring::SharedRegion, shared_ring::MemError> {
+        crate::region::into_region(self)
+    }
+
+    /// Where the pages are mapped; read-only if mapped so (writes fault). See
     /// [`crate::region`] for the access contract.
-    pub fn region(&self) -> SharedRegion<'_> {
-        self.mapping().region()
+    pub fn span(&self) -> PageSpan<'_> {
+        self.mapping().span()
     }
 
     /// Start of the mapping.

@@ -1,13 +1,16 @@
-//! Memory shared with another domain, handed out as raw pointer + length.
+//! Memory shared with another domain: the mappings, and the one conversion into the audited
+//! accessor type.
 //!
 //! **Contract.** Pages shared with (or mapped from) another domain are written by a party we
 //! do not trust, at any time, concurrently with us. Creating a Rust reference (`&[u8]`,
 //! `&mut [u8]`, `&T`) into them would let the compiler assume the bytes do not change, which is
-//! undefined behaviour when they do. So this crate never hands out references into shared pages:
-//! it hands out a [`SharedRegion`] — a pointer, a length, and whether writing is allowed — valid
-//! for as long as the handle that owns the mapping lives (the region borrows it). Callers access
-//! the bytes only through volatile or atomic operations; the `shared-ring` crate owns the audited
-//! accessor module that wraps a region, and everything above it uses that.
+//! undefined behaviour when they do. So this crate never hands out references into shared pages.
+//! Code that reads or writes them turns the owning handle into a [`shared_ring::SharedRegion`]
+//! (`SharedPages::into_region`, `ForeignMapping::into_region`, both through [`into_region`]
+//! here): `shared_ring::mem` is the audited module that owns every access and its memory
+//! ordering and copy rules. For inspection without access there is [`PageSpan`] — a pointer, a
+//! length, and whether writing is allowed — valid for as long as the handle that owns the
+//! mapping lives (the span borrows it).
 
 use std::marker::PhantomData;
 use std::os::fd::AsFd;
@@ -15,21 +18,23 @@ use std::ptr::NonNull;
 
 use rustix::mm::{MapFlags, ProtFlags};
 
+use shared_ring::{MemError, SharedRegion};
+
 use crate::error::{Error, Result};
 
-/// A borrowed view of shared pages: pointer, length, writability. See the module docs for the
-/// rules of access.
+/// Where a handle's pages are mapped: pointer, length, writability, borrowed from the handle.
+/// It gives no access to the bytes; see the module docs for the rules of access.
 #[derive(Debug, Clone, Copy)]
-pub struct SharedRegion<'a> {
+pub struct PageSpan<'a> {
     ptr: NonNull<u8>,
     len: usize,
     writable: bool,
     _owner: PhantomData<&'a ()>,
 }
 
-impl SharedRegion<'_> {
-    /// Start of the region. Valid for `len()` bytes while the owning handle lives. Never make a
-    /// Rust reference from it; use volatile/atomic accesses (the `shared-ring` accessors).
+impl PageSpan<'_> {
+    /// Start of the pages. Valid for `len()` bytes while the owning handle lives. Never make a
+    /// Rust reference from it; access the bytes through the handle's `into_region()`.
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
@@ -44,11 +49,39 @@ impl SharedRegion<'_> {
         self.len == 0
     }
 
-    /// Whether writes are allowed. Writing to a read-only region faults (SIGSEGV): the mapping
+    /// Whether writes are allowed. Writing to read-only pages faults (SIGSEGV): the mapping
     /// is `PROT_READ` and, on the simulated host, the file behind it is opened read-only too.
     pub fn is_writable(&self) -> bool {
         self.writable
     }
+}
+
+/// A platform handle that owns one [`Mapping`] (shared pages, a foreign mapping).
+pub(crate) trait OwnsMapping {
+    fn mapping(&self) -> &Mapping;
+}
+
+/// Turns a handle into a [`shared_ring::SharedRegion`] over its pages that keeps the handle (and
+/// so the mapping, the grant and any unmap-notify) alive until the region's last clone is
+/// dropped. The only place pages of this crate become a `shared_ring` region.
+///
+/// A read-only mapping gives a region that must only be read: the caller's protocol never
+/// writes to it (a write faults, see [`PageSpan::is_writable`]).
+pub(crate) fn into_region<H>(handle: H) -> std::result::Result<SharedRegion, MemError>
+where
+    H: OwnsMapping + Send + Sync + 'static,
+{
+    let (base, len) = {
+        let m = handle.mapping();
+        (m.ptr, m.len)
+    };
+    // SAFETY: `handle` owns the mmap of `len` bytes at `base` (a `Mapping` unmaps only on drop,
+    // and moving the handle does not move the mapped pages); it is moved into the region's
+    // keep-alive, so the pages stay mapped as long as any clone of the region exists. The pages
+    // are readable, and writable unless mapped read-only, in which case the caller only reads
+    // (documented above). This crate makes no Rust reference into them, and after this call the
+    // process reaches them only through the region's atomic and bulk-copy accessors.
+    unsafe { SharedRegion::from_raw_parts(base, len, Box::new(handle)) }
 }
 
 /// An owned `mmap` of pages; unmapped on drop.
@@ -156,8 +189,8 @@ impl Mapping {
         Ok(())
     }
 
-    pub(crate) fn region(&self) -> SharedRegion<'_> {
-        SharedRegion {
+    pub(crate) fn span(&self) -> PageSpan<'_> {
+        PageSpan {
             ptr: self.ptr,
             len: self.len,
             writable: self.writable,

@@ -67,7 +67,7 @@ fn shared_pages_are_the_same_memory_both_ways() {
     // Map out of order: the mapping follows the order of the references.
     let refs = [s.grant_refs()[2], s.grant_refs()[0]];
     let m = p2.map_grants(d1, &refs, Access::ReadWrite).unwrap();
-    assert!(m.region().is_writable());
+    assert!(m.span().is_writable());
     assert_eq!(read_byte(m.as_ptr(), 7), 0x22);
     assert_eq!(read_byte(m.as_ptr(), 4096), 0x11);
     write_byte(m.as_ptr(), 4096 + 1, 0x33);
@@ -116,7 +116,7 @@ fn read_only_grants_map_read_only() {
         .unwrap_err();
     assert!(matches!(e, Error::GrantRefused { errno: 1, .. }), "{e}");
     let m = p2.map_grants(d1, s.grant_refs(), Access::ReadOnly).unwrap();
-    assert!(!m.region().is_writable());
+    assert!(!m.span().is_writable());
     assert_eq!(read_byte(m.as_ptr(), 5), 0x5a);
     // Not just PROT_READ: the file behind the mapping is read-only, so it cannot be made
     // writable either.

@@ -19,7 +19,6 @@ use shared_ring::ControlBackRing;
 use xen_platform::{Access, DomId, EvtchnPort, GrantRef, Platform, UnmapNotify};
 
 use crate::daemon::FaultSink;
-use crate::device::platform::foreign_mapping_region;
 use crate::device::Device;
 use crate::resources::budget::HostBudget;
 use crate::xenbus::{ChannelLink, ChannelOpener, ChannelRequest};
@@ -97,8 +96,9 @@ impl ChannelOpener for ControlOpener {
                 event: Some(evtchn.local_port()),
             })
             .map_err(|e| format!("cannot set unmap-notify on the control ring mapping: {e}"))?;
-        let (ring_page, _) =
-            foreign_mapping_region(mapping).map_err(|e| format!("control ring mapping: {e}"))?;
+        let ring_page = mapping
+            .into_region()
+            .map_err(|e| format!("control ring mapping: {e}"))?;
         if !alive(&ring_page) {
             return Err(format!(
                 "the control ring's alive byte (offset {ALIVE_OFFSET}) is 0: set it to 1 before state 3"

@@ -8,8 +8,6 @@ use shared_ring::abi::page_dir::{
 use shared_ring::SharedRegion;
 use xen_platform::{Access, DomId, GrantRef, Platform, SharedPages};
 
-use crate::device::platform::{foreign_mapping_region, shared_pages_region};
-
 /// Why a page list could not be resolved or built.
 #[derive(Debug, thiserror::Error)]
 pub enum PagesError {
@@ -36,7 +34,8 @@ pub fn resolve_guest_list(
             .map_err(|e| {
                 PagesError::BadGrant(format!("page-directory grant {dir} of domain {domid}: {e}"))
             })?;
-        let (region, _) = foreign_mapping_region(mapping)
+        let region = mapping
+            .into_region()
             .map_err(|e| PagesError::BadGrant(format!("page-directory grant {dir}: {e}")))?;
         walker
             .read_dir_page(&region)
@@ -59,7 +58,11 @@ pub fn map_guest_pages(
                 grefs.len()
             ))
         })?;
-    foreign_mapping_region(mapping).map_err(|e| PagesError::BadGrant(e.to_string()))
+    let writable = mapping.access().is_writable();
+    let region = mapping
+        .into_region()
+        .map_err(|e| PagesError::BadGrant(e.to_string()))?;
+    Ok((region, writable))
 }
 
 /// Allocates `count` zeroed pages granted to `domid` with `access` (the backend's own mapping
@@ -72,7 +75,8 @@ pub fn share(
 ) -> Result<(SharedRegion, Vec<u32>), PagesError> {
     let pages = share_raw(platform, domid, count, access)?;
     let grefs = gref_values(&pages);
-    let region = shared_pages_region(pages)
+    let region = pages
+        .into_region()
         .map_err(|e| PagesError::NoResources(format!("shared pages: {e}")))?;
     Ok((region, grefs))
 }
@@ -107,7 +111,8 @@ pub fn describe(
     let need = dir_pages_needed(grefs.len());
     let pages = share_raw(platform, domid, need, Access::ReadOnly)?;
     let dir_grefs = gref_values(&pages);
-    let all = shared_pages_region(pages)
+    let all = pages
+        .into_region()
         .map_err(|e| PagesError::NoResources(format!("directory pages: {e}")))?;
     let dir_regions: Vec<SharedRegion> = (0..need)
         .map(|i| all.subregion(i * xen_platform::PAGE_SIZE, xen_platform::PAGE_SIZE))

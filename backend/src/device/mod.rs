@@ -7,8 +7,8 @@
 //! channel; the device owns everything the data path touches. Every piece of shared memory
 //! reaches the device as a [`shared_ring::SharedRegion`] (a bounds-checked window whose
 //! `keep_alive` owns the grant mapping or the granted pages), so the device never learns which
-//! platform it runs on and tests run on plain memory ([`SharedRegion::alloc`]). The helpers in
-//! [`platform`] turn `xen_platform` handles into regions.
+//! platform it runs on and tests run on plain memory ([`SharedRegion::alloc`]). `xen_platform`
+//! handles become regions with their `into_region()`.
 //!
 //! * Channel: [`Device::open_channel`] with the channel's doorbell page and event-ring page
 //!   (backend-allocated, granted to the guest; the device initialises both) and a

@@ -12,7 +12,6 @@ use shared_ring::abi::page_dir::PageList;
 use shared_ring::{ControlFrontRing, SharedRegion};
 use vrdma_backend::control::{ControlOpener, ALIVE_OFFSET};
 use vrdma_backend::daemon::{self, Daemon, DaemonError, DaemonMetrics, ShutdownHandle};
-use vrdma_backend::device::platform::shared_pages_region;
 use vrdma_backend::device::{Device, EngineConfig, SoftDevice};
 use vrdma_backend::resources::Quotas;
 use xen_platform::sim::{SimHost, SimHostConfig};
@@ -194,7 +193,7 @@ impl Frontend {
                 event: Some(evtchn.local_port()),
             })
             .unwrap();
-        let ring_page = shared_pages_region(pages).unwrap();
+        let ring_page = pages.into_region().unwrap();
         let ring = ControlFrontRing::init(ring_page.clone()).unwrap();
         ring_page
             .store_u32(ALIVE_OFFSET, 1, Ordering::Release)

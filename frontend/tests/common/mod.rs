@@ -5,7 +5,6 @@
 #![allow(dead_code)]
 
 use std::collections::{HashMap, HashSet};
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -109,21 +108,6 @@ impl World {
             })
             .unwrap();
     }
-}
-
-/// Wraps platform pages as a region (test backend side).
-pub fn region_of_shared(p: xen_platform::SharedPages) -> SharedRegion {
-    let ptr = NonNull::new(p.as_ptr()).unwrap();
-    let len = p.len();
-    // SAFETY: the pages live in the keep-alive as long as the region; only atomic accesses.
-    unsafe { SharedRegion::from_raw_parts(ptr, len, Box::new(p)) }.unwrap()
-}
-
-pub fn region_of_mapping(m: xen_platform::ForeignMapping) -> SharedRegion {
-    let ptr = NonNull::new(m.as_ptr()).unwrap();
-    let len = m.len();
-    // SAFETY: as above.
-    unsafe { SharedRegion::from_raw_parts(ptr, len, Box::new(m)) }.unwrap()
 }
 
 /// A CQ the fake backend made.
@@ -320,7 +304,7 @@ fn serve(
             event: Some(evtchn.local_port()),
         })
         .unwrap();
-    let ring = region_of_mapping(mapping);
+    let ring = mapping.into_region().unwrap();
     ring.store_u32(BACKEND_ALIVE_OFFSET, 1, Ordering::Release)
         .unwrap();
     state.lock().unwrap().evtchn = Some(evtchn.clone());
@@ -360,7 +344,7 @@ fn serve(
 fn share(platform: &Platform, guest: DomId, n: usize, access: Access) -> (SharedRegion, Vec<u32>) {
     let p = platform.share_pages(guest, n, access).unwrap();
     let grefs = p.grant_refs().iter().map(|g| g.0).collect();
-    (region_of_shared(p), grefs)
+    (p.into_region().unwrap(), grefs)
 }
 
 fn answer(

@@ -251,9 +251,20 @@ mod tests {
         assert_eq!((r.wr_id, r.byte_len, r.qp_num), (77, 64, 0x12));
         assert_eq!(r.to_bytes(), b);
         b[31] = 0x80;
-        assert!(CqeRepr::from_bytes(&b).is_err());
+        assert_eq!(
+            CqeRepr::from_bytes(&b).err(),
+            Some(AbiError::Reserved {
+                field: "cqe.reserved"
+            })
+        );
         b[31] = 0;
         b[25] = 200;
-        assert!(CqeRepr::from_bytes(&b).is_err());
+        assert_eq!(
+            CqeRepr::from_bytes(&b).err(),
+            Some(AbiError::Unknown {
+                what: "CQE status",
+                value: 200
+            })
+        );
     }
 }

@@ -144,6 +144,11 @@ mod tests {
         );
         assert_eq!(e.to_bytes(), b);
         b[20] = 1;
-        assert!(EventRepr::from_bytes(&b).is_err());
+        assert_eq!(
+            EventRepr::from_bytes(&b).err(),
+            Some(AbiError::Reserved {
+                field: "event.reserved1"
+            })
+        );
     }
 }

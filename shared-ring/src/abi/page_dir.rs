@@ -272,8 +272,20 @@ mod tests {
         );
         assert_eq!(PageList::parse(&b, 16).unwrap(), l);
         b[20] = 1;
-        assert!(PageList::parse(&b, 16).is_err());
-        assert!(PageList::parse(&[0u8; PAGE_LIST_LEN], 16).is_err());
+        assert_eq!(
+            PageList::parse(&b, 16).err(),
+            Some(AbiError::Reserved {
+                field: "page_list.unused"
+            })
+        );
+        assert_eq!(
+            PageList::parse(&[0u8; PAGE_LIST_LEN], 16).err(),
+            Some(AbiError::OutOfRange {
+                what: "page count",
+                value: 0,
+                max: 16
+            })
+        );
     }
 
     #[test]
@@ -294,7 +306,14 @@ mod tests {
         let mut b = [0u8; PAGE_LIST_LEN];
         list.emit(&mut b);
         let parsed = PageList::parse(&b, 1 << 20).unwrap();
-        assert!(PageList::parse(&b, 100).is_err(), "quota bound is enforced");
+        assert_eq!(
+            PageList::parse(&b, 100).err(),
+            Some(AbiError::OutOfRange {
+                what: "page count",
+                value: 2051,
+                max: 100
+            })
+        );
         let mut w = PageDirWalker::new(&parsed);
         let mut visited = vec![];
         while let Some(g) = w.next_dir_gref() {

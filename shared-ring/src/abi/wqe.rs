@@ -425,7 +425,13 @@ mod tests {
     #[test]
     fn garbage_is_rejected() {
         let zero = [0u8; 64];
-        assert!(WqeRepr::from_bytes(&zero).is_err());
+        assert_eq!(
+            WqeRepr::from_bytes(&zero).err(),
+            Some(AbiError::Unknown {
+                what: "WQE opcode",
+                value: 0
+            })
+        );
         let mut b = WqeRepr {
             opcode: WqeOpcode::Send,
             flags: 0,
@@ -444,10 +450,26 @@ mod tests {
         b[2] = 0;
         b[1] = flags::INLINE;
         b[3] = 33;
-        assert!(WqeRepr::from_bytes(&b).is_err());
+        assert_eq!(
+            WqeRepr::from_bytes(&b).err(),
+            Some(AbiError::OutOfRange {
+                what: "inline length",
+                value: 33,
+                max: 32
+            })
+        );
         b[3] = 0;
         b[1] = 0x80;
-        assert!(WqeRepr::from_bytes(&b).is_err());
-        assert!(Wqe::new_checked(&b[..63]).is_err());
+        assert_eq!(
+            WqeRepr::from_bytes(&b).err(),
+            Some(AbiError::Unknown {
+                what: "WQE flags",
+                value: 128
+            })
+        );
+        assert_eq!(
+            Wqe::new_checked(&b[..63]).err(),
+            Some(AbiError::Truncated { len: 63, need: 64 })
+        );
     }
 }

@@ -127,10 +127,13 @@ impl Drop for XenShare {
             index: self.index,
             count: self.grefs.len() as u32,
         };
-        // SAFETY: arg is an ioctl_gntalloc_dealloc_gref (ABI-checked).
-        if let Err(e) =
-            unsafe { abi::ioctl_struct(&self.dev.fd, abi::IOCTL_GNTALLOC_DEALLOC_GREF, &mut arg) }
-        {
+        // SAFETY: `arg` is a live, exclusive `ioctl_gntalloc_dealloc_gref` (its layout is checked
+        // against the C header in `abi`), which the kernel only reads. It names the grants at
+        // `self.index`, which this handle owns; our mapping of them was unmapped just above, so
+        // no pointer into those pages is left in this process when they are released.
+        let released =
+            unsafe { abi::ioctl_struct(&self.dev.fd, abi::IOCTL_GNTALLOC_DEALLOC_GREF, &mut arg) };
+        if let Err(e) = released {
             tracing::warn!("{GNTALLOC_DEV}: DEALLOC_GREF index {}: {e}", self.index);
         }
     }

@@ -130,10 +130,13 @@ impl Drop for XenMapping {
             count: self.count,
             pad: 0,
         };
-        // SAFETY: arg is an ioctl_gntdev_unmap_grant_ref (ABI-checked).
-        if let Err(e) =
-            unsafe { abi::ioctl_struct(&self.dev.fd, abi::IOCTL_GNTDEV_UNMAP_GRANT_REF, &mut arg) }
-        {
+        // SAFETY: `arg` is a live, exclusive `ioctl_gntdev_unmap_grant_ref` (its layout is checked
+        // against the C header in `abi`), which the kernel only reads. It names the grant range at
+        // `self.index`, which this handle owns; the mmap of that range was unmapped just above,
+        // so no pointer into the foreign pages is left in this process when they are released.
+        let released =
+            unsafe { abi::ioctl_struct(&self.dev.fd, abi::IOCTL_GNTDEV_UNMAP_GRANT_REF, &mut arg) };
+        if let Err(e) = released {
             tracing::warn!("{GNTDEV_DEV}: UNMAP_GRANT_REF index {}: {e}", self.index);
         }
     }

@@ -1,0 +1,452 @@
+//! Control requests: the frontend's slots, one per op, and their argument offsets.
+
+use super::access;
+use super::{
+    check_log2, field, Op, QpState, ARM_SOLICITED, CONTROL_SLOT_LEN, MAX_PAGE_LIST, QP_TYPE_RC,
+};
+use crate::abi::page_dir::{PageList, PAGE_LIST_LEN};
+use crate::abi::AbiError;
+use crate::abi::{check_len, get_u16, get_u32, get_u64, get_u8, set_u16, set_u32, set_u64, set_u8};
+
+/// Byte offsets of request arguments, per op (absolute offsets in the slot).
+pub mod args {
+    /// `Init`: protocol version the frontend speaks.
+    pub const INIT_VERSION: usize = 8;
+    /// `QueryPort`: port number (1-based).
+    pub const PORT_NUM: usize = 8;
+    /// Ops on one handle (`DeallocPd`, `DeregMr`, `DestroyCq`, `DestroyQp`, `PollCq`,
+    /// `ModifyQp`, `Connect`, `PostSend`, `PostRecv`, `ArmCq`, `Accept`(listener)): the handle.
+    pub const HANDLE: usize = 8;
+    /// `RegMr`.
+    pub const MR_PD: usize = 8;
+    pub const MR_ACCESS: usize = 12;
+    pub const MR_LENGTH: usize = 16;
+    pub const MR_IOVA: usize = 24;
+    pub const MR_FIRST_PAGE_OFFSET: usize = 32;
+    pub const MR_PAGES: usize = 40;
+    /// `CreateCq`: log2 of the number of CQEs.
+    pub const CQ_CQE_LOG2: usize = 8;
+    /// `CreateQp`.
+    pub const QP_PD: usize = 8;
+    pub const QP_SEND_CQ: usize = 12;
+    pub const QP_RECV_CQ: usize = 16;
+    pub const QP_SQ_LOG2: usize = 20;
+    pub const QP_RQ_LOG2: usize = 21;
+    pub const QP_TYPE: usize = 22;
+    /// `ModifyQp`: new state.
+    pub const MODIFY_STATE: usize = 12;
+    /// `Listen`.
+    pub const LISTEN_PORT: usize = 8;
+    pub const LISTEN_BACKLOG: usize = 12;
+    /// `Connect`: TCP port and IPv6 (or v4-mapped) address of the peer.
+    pub const CONNECT_PORT: usize = 12;
+    pub const CONNECT_ADDR: usize = 16;
+    /// `Connect`: QP number of the peer QP (intra-host pairing on the same backend).
+    pub const CONNECT_REMOTE_QPN: usize = 32;
+    /// `Accept`: the QP to attach to the connection.
+    pub const ACCEPT_QP: usize = 12;
+    /// `ArmCq`: flag bits (bit 0 = solicited only).
+    pub const ARM_FLAGS: usize = 12;
+    /// `PostSend` / `PostRecv` (mediated mode): producer index the frontend published.
+    pub const POST_PROD: usize = 12;
+}
+
+/// A control request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Request {
+    Init {
+        version: u32,
+    },
+    QueryDevice,
+    QueryPort {
+        port: u32,
+    },
+    AllocPd,
+    DeallocPd {
+        pd: u32,
+    },
+    RegMr {
+        pd: u32,
+        access: u32,
+        length: u64,
+        /// Address the application uses for the region (remote peers address it too).
+        iova: u64,
+        /// Offset of the region's first byte inside the first page.
+        first_page_offset: u32,
+        pages: PageList,
+    },
+    DeregMr {
+        mr: u32,
+    },
+    CreateCq {
+        cqe_log2: u8,
+    },
+    DestroyCq {
+        cq: u32,
+    },
+    CreateQp {
+        pd: u32,
+        send_cq: u32,
+        recv_cq: u32,
+        sq_log2: u8,
+        rq_log2: u8,
+    },
+    ModifyQp {
+        qp: u32,
+        state: QpState,
+    },
+    DestroyQp {
+        qp: u32,
+    },
+    Listen {
+        port: u32,
+        backlog: u32,
+    },
+    Connect {
+        qp: u32,
+        port: u32,
+        /// IPv6 address, or an IPv4-mapped one (`::ffff:a.b.c.d`).
+        addr: [u8; 16],
+        /// QP number of the peer QP on the same backend (intra-host pairing).
+        remote_qpn: u32,
+    },
+    Accept {
+        listener: u32,
+        qp: u32,
+    },
+    ArmCq {
+        cq: u32,
+        solicited_only: bool,
+    },
+    Stats,
+    /// Mediated mode: WQEs up to `prod` are in the SQ.
+    PostSend {
+        qp: u32,
+        prod: u32,
+    },
+    /// Mediated mode: WQEs up to `prod` are in the RQ.
+    PostRecv {
+        qp: u32,
+        prod: u32,
+    },
+    /// Mediated mode: return one CQE if any.
+    PollCq {
+        cq: u32,
+    },
+}
+
+impl Request {
+    /// The op of this request.
+    pub fn op(&self) -> Op {
+        match self {
+            Self::Init { .. } => Op::Init,
+            Self::QueryDevice => Op::QueryDevice,
+            Self::QueryPort { .. } => Op::QueryPort,
+            Self::AllocPd => Op::AllocPd,
+            Self::DeallocPd { .. } => Op::DeallocPd,
+            Self::RegMr { .. } => Op::RegMr,
+            Self::DeregMr { .. } => Op::DeregMr,
+            Self::CreateCq { .. } => Op::CreateCq,
+            Self::DestroyCq { .. } => Op::DestroyCq,
+            Self::CreateQp { .. } => Op::CreateQp,
+            Self::ModifyQp { .. } => Op::ModifyQp,
+            Self::DestroyQp { .. } => Op::DestroyQp,
+            Self::Listen { .. } => Op::Listen,
+            Self::Connect { .. } => Op::Connect,
+            Self::Accept { .. } => Op::Accept,
+            Self::ArmCq { .. } => Op::ArmCq,
+            Self::Stats => Op::Stats,
+            Self::PostSend { .. } => Op::PostSend,
+            Self::PostRecv { .. } => Op::PostRecv,
+            Self::PollCq { .. } => Op::PollCq,
+        }
+    }
+}
+
+/// A request with its id: the content of a request slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RequestRepr {
+    pub req_id: u32,
+    pub request: Request,
+}
+
+impl RequestRepr {
+    /// Parses a request slot copied out of the control ring, checking every reserved byte.
+    pub fn parse(b: &[u8]) -> Result<Self, AbiError> {
+        check_len(b.len(), CONTROL_SLOT_LEN)?;
+        let b = &b[..CONTROL_SLOT_LEN];
+        let op = Op::from_u16(get_u16(b, field::OP))?;
+        let h = get_u32(b, args::HANDLE);
+        use Request as R;
+        let request = match op {
+            Op::Init => R::Init {
+                version: get_u32(b, args::INIT_VERSION),
+            },
+            Op::QueryDevice => R::QueryDevice,
+            Op::QueryPort => R::QueryPort {
+                port: get_u32(b, args::PORT_NUM),
+            },
+            Op::AllocPd => R::AllocPd,
+            Op::DeallocPd => R::DeallocPd { pd: h },
+            Op::RegMr => {
+                let acc = get_u32(b, args::MR_ACCESS);
+                if acc & !access::ALL != 0 {
+                    return Err(AbiError::Unknown {
+                        what: "MR access bits",
+                        value: acc,
+                    });
+                }
+                let first_page_offset = get_u32(b, args::MR_FIRST_PAGE_OFFSET);
+                if first_page_offset as usize >= crate::mem::PAGE_SIZE {
+                    return Err(AbiError::OutOfRange {
+                        what: "first page offset",
+                        value: first_page_offset.into(),
+                        max: crate::mem::PAGE_SIZE as u64 - 1,
+                    });
+                }
+                R::RegMr {
+                    pd: get_u32(b, args::MR_PD),
+                    access: acc,
+                    length: get_u64(b, args::MR_LENGTH),
+                    iova: get_u64(b, args::MR_IOVA),
+                    first_page_offset,
+                    pages: PageList::parse(&b[args::MR_PAGES..], MAX_PAGE_LIST)?,
+                }
+            }
+            Op::DeregMr => R::DeregMr { mr: h },
+            Op::CreateCq => R::CreateCq {
+                cqe_log2: check_log2(get_u8(b, args::CQ_CQE_LOG2), "CQ size log2")?,
+            },
+            Op::DestroyCq => R::DestroyCq { cq: h },
+            Op::CreateQp => {
+                let t = get_u8(b, args::QP_TYPE);
+                if t != QP_TYPE_RC {
+                    return Err(AbiError::Unknown {
+                        what: "QP type",
+                        value: t.into(),
+                    });
+                }
+                R::CreateQp {
+                    pd: get_u32(b, args::QP_PD),
+                    send_cq: get_u32(b, args::QP_SEND_CQ),
+                    recv_cq: get_u32(b, args::QP_RECV_CQ),
+                    sq_log2: check_log2(get_u8(b, args::QP_SQ_LOG2), "SQ size log2")?,
+                    rq_log2: check_log2(get_u8(b, args::QP_RQ_LOG2), "RQ size log2")?,
+                }
+            }
+            Op::ModifyQp => R::ModifyQp {
+                qp: h,
+                state: QpState::from_u32(get_u32(b, args::MODIFY_STATE))?,
+            },
+            Op::DestroyQp => R::DestroyQp { qp: h },
+            Op::Listen => R::Listen {
+                port: get_u32(b, args::LISTEN_PORT),
+                backlog: get_u32(b, args::LISTEN_BACKLOG),
+            },
+            Op::Connect => {
+                let mut addr = [0u8; 16];
+                addr.copy_from_slice(&b[args::CONNECT_ADDR..args::CONNECT_ADDR + 16]);
+                R::Connect {
+                    qp: h,
+                    port: get_u32(b, args::CONNECT_PORT),
+                    addr,
+                    remote_qpn: get_u32(b, args::CONNECT_REMOTE_QPN),
+                }
+            }
+            Op::Accept => R::Accept {
+                listener: h,
+                qp: get_u32(b, args::ACCEPT_QP),
+            },
+            Op::ArmCq => R::ArmCq {
+                cq: h,
+                solicited_only: get_u32(b, args::ARM_FLAGS) & ARM_SOLICITED != 0,
+            },
+            Op::Stats => R::Stats,
+            Op::PostSend => R::PostSend {
+                qp: h,
+                prod: get_u32(b, args::POST_PROD),
+            },
+            Op::PostRecv => R::PostRecv {
+                qp: h,
+                prod: get_u32(b, args::POST_PROD),
+            },
+            Op::PollCq => R::PollCq { cq: h },
+        };
+        let repr = Self {
+            req_id: get_u32(b, field::REQ_ID),
+            request,
+        };
+        if repr.to_bytes()[..] != *b {
+            return Err(AbiError::Reserved {
+                field: "control request",
+            });
+        }
+        Ok(repr)
+    }
+
+    /// Writes the request slot (all 64 bytes).
+    pub fn emit(&self, b: &mut [u8; CONTROL_SLOT_LEN]) {
+        b.fill(0);
+        set_u32(b, field::REQ_ID, self.req_id);
+        set_u16(b, field::OP, self.request.op() as u16);
+        use Request as R;
+        match self.request {
+            R::Init { version } => set_u32(b, args::INIT_VERSION, version),
+            R::QueryDevice | R::AllocPd | R::Stats => {}
+            R::QueryPort { port } => set_u32(b, args::PORT_NUM, port),
+            R::DeallocPd { pd: h }
+            | R::DeregMr { mr: h }
+            | R::DestroyCq { cq: h }
+            | R::DestroyQp { qp: h }
+            | R::PollCq { cq: h } => set_u32(b, args::HANDLE, h),
+            R::RegMr {
+                pd,
+                access,
+                length,
+                iova,
+                first_page_offset,
+                pages,
+            } => {
+                set_u32(b, args::MR_PD, pd);
+                set_u32(b, args::MR_ACCESS, access);
+                set_u64(b, args::MR_LENGTH, length);
+                set_u64(b, args::MR_IOVA, iova);
+                set_u32(b, args::MR_FIRST_PAGE_OFFSET, first_page_offset);
+                pages.emit(&mut b[args::MR_PAGES..args::MR_PAGES + PAGE_LIST_LEN]);
+            }
+            R::CreateCq { cqe_log2 } => set_u8(b, args::CQ_CQE_LOG2, cqe_log2),
+            R::CreateQp {
+                pd,
+                send_cq,
+                recv_cq,
+                sq_log2,
+                rq_log2,
+            } => {
+                set_u32(b, args::QP_PD, pd);
+                set_u32(b, args::QP_SEND_CQ, send_cq);
+                set_u32(b, args::QP_RECV_CQ, recv_cq);
+                set_u8(b, args::QP_SQ_LOG2, sq_log2);
+                set_u8(b, args::QP_RQ_LOG2, rq_log2);
+                set_u8(b, args::QP_TYPE, QP_TYPE_RC);
+            }
+            R::ModifyQp { qp, state } => {
+                set_u32(b, args::HANDLE, qp);
+                set_u32(b, args::MODIFY_STATE, state as u32);
+            }
+            R::Listen { port, backlog } => {
+                set_u32(b, args::LISTEN_PORT, port);
+                set_u32(b, args::LISTEN_BACKLOG, backlog);
+            }
+            R::Connect {
+                qp,
+                port,
+                addr,
+                remote_qpn,
+            } => {
+                set_u32(b, args::HANDLE, qp);
+                set_u32(b, args::CONNECT_PORT, port);
+                b[args::CONNECT_ADDR..args::CONNECT_ADDR + 16].copy_from_slice(&addr);
+                set_u32(b, args::CONNECT_REMOTE_QPN, remote_qpn);
+            }
+            R::Accept { listener, qp } => {
+                set_u32(b, args::HANDLE, listener);
+                set_u32(b, args::ACCEPT_QP, qp);
+            }
+            R::ArmCq { cq, solicited_only } => {
+                set_u32(b, args::HANDLE, cq);
+                set_u32(
+                    b,
+                    args::ARM_FLAGS,
+                    if solicited_only { ARM_SOLICITED } else { 0 },
+                );
+            }
+            R::PostSend { qp, prod } | R::PostRecv { qp, prod } => {
+                set_u32(b, args::HANDLE, qp);
+                set_u32(b, args::POST_PROD, prod);
+            }
+        }
+    }
+
+    /// The slot bytes.
+    pub fn to_bytes(&self) -> [u8; CONTROL_SLOT_LEN] {
+        let mut b = [0u8; CONTROL_SLOT_LEN];
+        self.emit(&mut b);
+        b
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::control::access;
+
+    #[test]
+    fn create_qp_from_literal_bytes() {
+        let mut b = [0u8; 64];
+        b[0] = 9; // req_id
+        b[4] = 10; // CreateQp
+        b[8] = 1; // pd
+        b[12] = 2; // send cq
+        b[16] = 3; // recv cq
+        b[20] = 8; // sq 256
+        b[21] = 7; // rq 128
+        b[22] = QP_TYPE_RC;
+        let r = RequestRepr::parse(&b).unwrap();
+        assert_eq!(
+            r,
+            RequestRepr {
+                req_id: 9,
+                request: Request::CreateQp {
+                    pd: 1,
+                    send_cq: 2,
+                    recv_cq: 3,
+                    sq_log2: 8,
+                    rq_log2: 7
+                }
+            }
+        );
+        assert_eq!(r.to_bytes(), b);
+        b[23] = 1; // reserved
+        assert!(matches!(
+            RequestRepr::parse(&b),
+            Err(AbiError::Reserved { .. })
+        ));
+    }
+
+    #[test]
+    fn reg_mr_with_directory_round_trips() {
+        let r = RequestRepr {
+            req_id: 1,
+            request: Request::RegMr {
+                pd: 4,
+                access: access::LOCAL_WRITE | access::REMOTE_READ,
+                length: 1 << 20,
+                iova: 0x7f00_0000_0000,
+                first_page_offset: 0,
+                pages: PageList::Directory {
+                    n_pages: 256,
+                    first_dir_gref: 77,
+                },
+            },
+        };
+        let b = r.to_bytes();
+        assert_eq!(&b[40..48], &[0, 1, 0, 0, 77, 0, 0, 0]);
+        assert_eq!(RequestRepr::parse(&b).unwrap(), r);
+    }
+
+    #[test]
+    fn connect_carries_the_remote_qpn_at_32() {
+        let r = RequestRepr {
+            req_id: 3,
+            request: Request::Connect {
+                qp: 7,
+                port: 0,
+                addr: [0; 16],
+                remote_qpn: 0x0102_0304,
+            },
+        };
+        let b = r.to_bytes();
+        assert_eq!(&b[32..36], &[4, 3, 2, 1]);
+        assert_eq!(RequestRepr::parse(&b).unwrap(), r);
+    }
+}
