@@ -17,6 +17,8 @@ use xen_platform::sim::{sock, SimControl, SimHost, SimHostConfig};
 use xen_platform::{DomId, ENV_SIM_DIR, ENV_SIM_DOMID};
 use xenstore_proto::client::Client;
 
+pub mod procstat;
+
 /// How long one guest command may take before the test calls it a hang.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -116,6 +118,11 @@ impl Lab {
     pub fn restart_backend(&mut self) {
         assert!(self.backend.is_none(), "a backend is still running");
         self.start_backend();
+    }
+
+    /// The backend process's id (while it runs).
+    pub fn backend_pid(&self) -> Option<u32> {
+        self.backend.as_ref().map(Child::id)
     }
 
     /// Whether the backend process is still running.

@@ -372,7 +372,10 @@ impl Daemon {
         Ok(())
     }
 
-    /// When the loop must wake up without an event: deferred work, or the stats tick.
+    /// When the loop must wake up without an event: deferred work, or the stats tick while
+    /// there are devices (their data-path counters change without any event, so they are
+    /// looked at every [`STATS_INTERVAL`]; with no device there is nothing to look at, and an
+    /// idle daemon sleeps until an event).
     fn next_deadline(&self) -> Option<Instant> {
         let scans = self
             .scan_deferred
@@ -382,7 +385,8 @@ impl Daemon {
             .stats_deferred
             .iter()
             .filter_map(|id| self.stats_at.get(id).map(|&at| at + STATS_MIN_INTERVAL));
-        scans.chain(stats).chain([self.stats_tick]).min()
+        let tick = (!self.xenbus.devices().is_empty()).then_some(self.stats_tick);
+        scans.chain(stats).chain(tick).min()
     }
 
     /// Pacing state of devices the backend no longer knows is dropped.

@@ -376,6 +376,11 @@ impl AsyncClient {
         self.send_detached(0, &Request::Unwatch { path, token });
     }
 
+    /// Whether the watch with `token` still delivers events (not unwatched, stopped or reset).
+    pub(crate) fn has_watch(&self, token: &str) -> bool {
+        self.inner.demux.has_watch(token)
+    }
+
     /// Removes every watch and transaction of this connection (`XS_RESET_WATCHES`); every
     /// watch stream of this client ends.
     pub async fn reset_watches(&self) -> Result<()> {

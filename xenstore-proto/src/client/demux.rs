@@ -80,6 +80,11 @@ impl Demux {
         self.lock().watches.remove(token);
     }
 
+    /// Whether events for `token` are still delivered.
+    pub(crate) fn has_watch(&self, token: &str) -> bool {
+        self.lock().watches.contains_key(token)
+    }
+
     /// Ends every watch stream (after `RESET_WATCHES`).
     pub(crate) fn clear_watches(&self) {
         self.lock().watches.clear();

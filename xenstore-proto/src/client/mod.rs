@@ -35,7 +35,7 @@ pub use store::{NodeOps, WatchEvents, XenbusStore, XenbusStoreExt};
 pub use transport::{
     socket_path_from_env, DEFAULT_SOCKET_PATH, XENBUS_DEVICE_PATH, XENSTORED_PATH_ENV,
 };
-pub use watch::{AsyncWatch, Watch, WatchEvent};
+pub use watch::{AsyncWatch, Watch, WatchEvent, WatchStopper};
 
 /// A node value as UTF-8 text.
 fn utf8_value(path: &str, value: Vec<u8>) -> Result<String> {

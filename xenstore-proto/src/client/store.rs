@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use super::blocking::{Client, Transaction};
-use super::watch::{Watch, WatchEvent};
+use super::watch::{Watch, WatchEvent, WatchStopper};
 use super::{Error, Result};
 use crate::wire::Perms;
 
@@ -64,6 +64,9 @@ pub trait WatchEvents: Send {
     /// The next event: `Ok(None)` if `timeout` passed first (never with `None`),
     /// [`Error::ConnectionLost`] or [`Error::WatchEnded`] when no event will come again.
     fn next_event(&mut self, timeout: Option<Duration>) -> Result<Option<WatchEvent>>;
+    /// A handle that ends the watch from another thread: a `next_event` waiting without a
+    /// timeout wakes with [`Error::WatchEnded`] (so waiting threads need no periodic check).
+    fn stopper(&self) -> WatchStopper;
 }
 
 /// Everything a xenbus front or back end does with XenStore: node operations, watches
@@ -140,6 +143,10 @@ impl WatchEvents for Watch {
 
     fn next_event(&mut self, timeout: Option<Duration>) -> Result<Option<WatchEvent>> {
         self.next_timeout(timeout)
+    }
+
+    fn stopper(&self) -> WatchStopper {
+        Watch::stopper(self)
     }
 }
 

@@ -366,6 +366,50 @@ fn watch_delivers_initial_fire_and_unwatches_on_drop() {
     daemon.join().unwrap();
 }
 
+#[test]
+fn stopper_wakes_a_blocked_watch_and_unwatches_once() {
+    let (client, peer) = blocking_pair();
+    let (token_tx, token_rx) = std::sync::mpsc::channel();
+    let daemon = spawn_peer(peer, move |mut p| {
+        let got = p.expect(MsgType::Watch);
+        let token = match got.request() {
+            Request::Watch { token, .. } => token.to_owned(),
+            other => panic!("{other:?}"),
+        };
+        p.ok(&got);
+        p.event("/be", &token);
+        token_tx.send(token.clone()).unwrap();
+        let got = p.expect(MsgType::Unwatch);
+        assert_eq!(
+            got.request(),
+            Request::Unwatch {
+                path: "/be",
+                token: &token
+            }
+        );
+        p.ok(&got);
+        // Dropping the stopped watch, then the client: nothing more is sent (no second UNWATCH).
+        assert!(p.recv().is_none(), "a request after the stop's UNWATCH");
+    });
+    let mut watch = client.watch("/be").unwrap();
+    assert_eq!(watch.next_timeout(None).unwrap().unwrap().path, "/be");
+    let token = token_rx.recv_timeout(GUARD).unwrap();
+    let stopper = watch.stopper();
+    let waiter = thread::spawn(move || {
+        // No timeout: only the stop can end this wait.
+        let r = watch.next_timeout(None);
+        (r, watch)
+    });
+    thread::sleep(Duration::from_millis(20));
+    stopper.stop();
+    stopper.stop();
+    let (r, watch) = waiter.join().unwrap();
+    assert!(matches!(r, Err(Error::WatchEnded)), "{r:?} (token {token})");
+    drop(watch);
+    drop(client);
+    daemon.join().unwrap();
+}
+
 async fn next(w: &mut AsyncWatch) -> Option<Result<WatchEvent>> {
     tokio::time::timeout(GUARD, w.next())
         .await

@@ -107,6 +107,44 @@ impl AsyncWatch {
         self.registered = false;
         self.client.unwatch(&self.path, &self.token).await
     }
+
+    /// A handle that ends this watch from another thread (see [`WatchStopper`]).
+    pub fn stopper(&self) -> WatchStopper {
+        WatchStopper {
+            client: self.client.clone(),
+            path: self.path.clone(),
+            token: self.token.clone(),
+        }
+    }
+}
+
+/// Ends a watch from any thread, without waiting: the daemon is told to unwatch, and the
+/// watch's stream ends once the events already received are taken, so a thread blocked on
+/// [`Watch::next_timeout`] wakes with [`Error::WatchEnded`]. This is how a thread that waits
+/// on a watch with no timeout is stopped, instead of waking now and then to look at a flag.
+#[derive(Clone)]
+pub struct WatchStopper {
+    client: AsyncClient,
+    path: String,
+    token: String,
+}
+
+impl std::fmt::Debug for WatchStopper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WatchStopper")
+            .field("path", &self.path)
+            .field("token", &self.token)
+            .finish()
+    }
+}
+
+impl WatchStopper {
+    /// Ends the watch (a second call, or one after the watch was dropped, does nothing).
+    pub fn stop(&self) {
+        if self.client.has_watch(&self.token) && self.client.connection_lost().is_none() {
+            self.client.unwatch_detached(&self.path, &self.token);
+        }
+    }
 }
 
 impl futures_core::Stream for AsyncWatch {
@@ -119,7 +157,11 @@ impl futures_core::Stream for AsyncWatch {
 
 impl Drop for AsyncWatch {
     fn drop(&mut self) {
-        if self.registered && self.client.connection_lost().is_none() {
+        // A stopped watch ([`WatchStopper`]) was unwatched already.
+        if self.registered
+            && self.client.connection_lost().is_none()
+            && self.client.has_watch(&self.token)
+        {
             self.client.unwatch_detached(&self.path, &self.token);
         }
     }
@@ -178,6 +220,11 @@ impl Watch {
     /// An event already received, without waiting.
     pub fn try_next(&mut self) -> Option<WatchEvent> {
         self.inner.try_next()
+    }
+
+    /// A handle that ends this watch from another thread (see [`WatchStopper`]).
+    pub fn stopper(&self) -> WatchStopper {
+        self.inner.stopper()
     }
 
     /// Unwatches and waits for the daemon to confirm.
