@@ -145,8 +145,13 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 /// Samples of several named figures, recorded as they are taken — a `static` a criterion
 /// bench's `iter_custom` closures write into (criterion keeps its own samples to itself).
+///
+/// Criterion also calls `iter_custom` while warming up, with 1, 2, 4, 8, ... iterations; those
+/// calls are recorded too, and [`Recorder::samples`] leaves them out (a one-iteration "batch"
+/// is mostly clock reads and cold caches, and some twenty of them beside a hundred real samples
+/// would move the median).
 #[derive(Debug, Default)]
-pub struct Recorder(Mutex<Vec<(&'static str, f64)>>);
+pub struct Recorder(Mutex<Vec<(&'static str, u64, f64)>>);
 
 impl Recorder {
     pub const fn new() -> Recorder {
@@ -160,21 +165,33 @@ impl Recorder {
         self.0
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push((name, ns));
+            .push((name, ops, ns));
         elapsed
     }
 
-    /// Everything recorded under `name`.
+    /// The samples of `name`, without criterion's warm-up: the leading run of samples of
+    /// 1, 2, 4, 8, ... operations is dropped, unless nothing else was recorded (`cargo test
+    /// --benches` runs each bench once with one iteration).
     pub fn samples(&self, name: &str) -> Samples {
-        Samples(
-            self.0
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .iter()
-                .filter(|(n, _)| *n == name)
-                .map(|(_, ns)| *ns)
-                .collect(),
-        )
+        let all: Vec<(u64, f64)> = self
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(n, _, _)| *n == name)
+            .map(|(_, ops, ns)| (*ops, *ns))
+            .collect();
+        let warm_up = all
+            .iter()
+            .enumerate()
+            .take_while(|(i, (ops, _))| *i < 64 && *ops == 1u64 << i)
+            .count();
+        let kept = if warm_up < all.len() {
+            &all[warm_up..]
+        } else {
+            &all[..]
+        };
+        Samples(kept.iter().map(|(_, ns)| *ns).collect())
     }
 }
 
@@ -227,8 +244,20 @@ mod tests {
         R.record("b", Duration::from_nanos(10), 1);
         R.record("a", Duration::from_nanos(200), 1);
         assert_eq!(R.samples("a").ns(), [100.0, 200.0]);
-        assert_eq!(R.samples("b").median(), 10.0);
+        assert_eq!(R.samples("b").median(), 10.0, "only a warm-up: kept");
         assert!(R.samples("c").is_empty());
+    }
+
+    #[test]
+    fn recorder_drops_criterions_warm_up() {
+        let r = Recorder::new();
+        for ops in [1, 2, 4, 8] {
+            r.record("x", Duration::from_nanos(1000 * ops), ops); // 1000 ns each
+        }
+        for ops in [8, 16, 24] {
+            r.record("x", Duration::from_nanos(100 * ops), ops); // 100 ns each
+        }
+        assert_eq!(r.samples("x").ns(), [100.0; 3]);
     }
 
     #[test]
