@@ -1,6 +1,7 @@
 //! The software device's data path, in one process, against floors measured in the same run.
 //!
-//! * `bare_cache_line` — floor: two threads ping-pong one atomic store each way.
+//! * `bare_cache_line` — floor: `bench_support::CacheLinePingPong`, the same in every bench (two
+//!   128-byte lines, one writer each; one round trip = two cache-line transfers).
 //! * `post_to_cqe_64B` — the bypass round trip through the engine: the bench thread (playing
 //!   the frontend with shared-ring's producer and CQ poller) posts a signaled 64-byte RDMA
 //!   WRITE on a loopback QP and spins on the CQE's phase bit; the engine thread spins on the
@@ -8,80 +9,27 @@
 //! * `memcpy_1MiB` — floor: single-core `copy_from_slice` of 1 MiB between private buffers.
 //! * `write_1MiB` — an RDMA WRITE of 1 MiB through the engine, post to CQE.
 //!
-//! `cargo bench -p vrdma-backend --bench device`; ratios are printed at the end.
+//! `cargo bench -p vrdma-backend --bench device`; ratios are printed at the end, each also as a
+//! `bench-ratio` line for `scripts/bench-ratios.sh`.
 
 use std::hint::spin_loop;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bench_support::report::{figure_line, ratio_line, RatioRecord};
+use bench_support::{CacheLinePingPong, Recorder, Samples};
 use criterion::{Criterion, Throughput};
 use shared_ring::abi::control::access;
 use shared_ring::abi::wqe::WqeOpcode;
 use vrdma_backend::device::testkit::{wqe, TestChannel, TestCq, TestMr, TestQp};
 use vrdma_backend::device::{ChannelMode, Device, EngineConfig, SoftDevice};
 
-static SAMPLES: Mutex<Vec<(&'static str, f64)>> = Mutex::new(Vec::new());
-
-fn record(name: &'static str, d: Duration, iters: u64) -> Duration {
-    SAMPLES
-        .lock()
-        .unwrap()
-        .push((name, d.as_nanos() as f64 / iters as f64));
-    d
-}
-
-fn median(name: &str) -> f64 {
-    let mut v: Vec<f64> = SAMPLES
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|(n, _)| *n == name)
-        .map(|(_, t)| *t)
-        .collect();
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
-#[repr(align(128))]
-struct Line(AtomicU32);
+static REC: Recorder = Recorder::new();
 
 fn bare_cache_line(c: &mut Criterion) {
-    let ping = Arc::new(Line(AtomicU32::new(0)));
-    let pong = Arc::new(Line(AtomicU32::new(0)));
-    let stop = Arc::new(AtomicBool::new(false));
-    let t = {
-        let (ping, pong, stop) = (ping.clone(), pong.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let mut seen = 0;
-            while !stop.load(Ordering::Relaxed) {
-                let v = ping.0.load(Ordering::Acquire);
-                if v != seen {
-                    seen = v;
-                    pong.0.store(v, Ordering::Release);
-                } else {
-                    spin_loop();
-                }
-            }
-        })
-    };
-    let mut n = 0u32;
+    let mut floor = CacheLinePingPong::start();
     c.bench_function("bare_cache_line", |b| {
-        b.iter_custom(|iters| {
-            let start = Instant::now();
-            for _ in 0..iters {
-                n = n.wrapping_add(1).max(1);
-                ping.0.store(n, Ordering::Release);
-                while pong.0.load(Ordering::Acquire) != n {
-                    spin_loop();
-                }
-            }
-            record("bare_cache_line", start.elapsed(), iters)
-        })
+        b.iter_custom(|iters| REC.record("bare_cache_line", floor.round_trips(iters), iters))
     });
-    stop.store(true, Ordering::Relaxed);
-    ping.0.store(u32::MAX, Ordering::Release);
-    t.join().unwrap();
 }
 
 struct Loop {
@@ -142,7 +90,7 @@ fn device_round_trip(c: &mut Criterion) {
             for _ in 0..iters {
                 round_trip(&mut l, 64);
             }
-            record("post_to_cqe_64B", start.elapsed(), iters)
+            REC.record("post_to_cqe_64B", start.elapsed(), iters)
         })
     });
 }
@@ -160,7 +108,7 @@ fn bandwidth(c: &mut Criterion) {
                 bbuf.copy_from_slice(std::hint::black_box(&a));
                 std::hint::black_box(&mut bbuf);
             }
-            record("memcpy_1MiB", start.elapsed(), iters)
+            REC.record("memcpy_1MiB", start.elapsed(), iters)
         })
     });
     let mut l = loopback();
@@ -170,30 +118,37 @@ fn bandwidth(c: &mut Criterion) {
             for _ in 0..iters {
                 round_trip(&mut l, LEN as u32);
             }
-            record("write_1MiB", start.elapsed(), iters)
+            REC.record("write_1MiB", start.elapsed(), iters)
         })
     });
     g.finish();
 }
 
 fn report() {
-    let floor = median("bare_cache_line");
-    let rt = median("post_to_cqe_64B");
-    let memcpy = median("memcpy_1MiB");
-    let write = median("write_1MiB");
-    let gbs = |ns: f64| (1u64 << 20) as f64 / ns;
-    println!("\nsoftware device, spinning threads: 2 (bench thread + 1 engine thread)");
-    println!("bare cache-line round trip   {floor:8.1} ns");
+    let floor = REC.samples("bare_cache_line");
+    let rt = REC.samples("post_to_cqe_64B");
+    let memcpy = REC.samples("memcpy_1MiB");
+    let write = REC.samples("write_1MiB");
+    // Bytes per ns = GB/s, of the medians.
+    let gbs = |s: &Samples| (1u64 << 20) as f64 / s.median();
     println!(
-        "post->CQE round trip, 64 B   {rt:8.1} ns   ratio {:.2} (target <= 2.0)",
-        rt / floor
+        "\nsoftware device, spinning threads: 2 (bench thread + 1 engine thread); \
+         ns per operation, medians of criterion's samples"
     );
-    println!("memcpy 1 MiB                 {:8.2} GB/s", gbs(memcpy));
-    println!(
-        "RDMA WRITE 1 MiB             {:8.2} GB/s   ratio {:.2} (target >= 0.8)",
-        gbs(write),
-        memcpy / write
-    );
+    println!("{}", figure_line("bare cache-line round trip", &floor));
+    println!("{}", figure_line("post->CQE round trip, 64 B", &rt));
+    let r = RatioRecord::of("device/post_to_cqe_64B", &rt, &floor);
+    println!("{}", ratio_line("  post->CQE / floor", &r, "<= 2.0"));
+    println!("{r}");
+    println!("{}", figure_line("memcpy 1 MiB", &memcpy));
+    println!("{}", figure_line("RDMA WRITE 1 MiB", &write));
+    let r = RatioRecord {
+        id: "device/write_1MiB_GBps_vs_memcpy".into(),
+        value: gbs(&write),
+        floor: gbs(&memcpy),
+    };
+    println!("{}", ratio_line("  WRITE GB/s / memcpy GB/s", &r, ">= 0.8"));
+    println!("{r}");
 }
 
 fn main() {

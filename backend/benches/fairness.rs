@@ -10,12 +10,14 @@
 //! Spinning threads: 2 (the bench thread driving the ping-pong, and the engine). The hog's
 //! thread posts a WRITE, then polls its CQ once a millisecond (sleeping in between).
 //!
-//! `cargo bench -p vrdma-backend --bench fairness`; prints the medians and their ratio
-//! (target: loaded ≤ 3 × idle).
+//! `cargo bench -p vrdma-backend --bench fairness`; prints the medians (with their spread) and
+//! their ratio (target: loaded ≤ 3 × idle), also as a `bench-ratio` line.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use bench_support::report::{figure_line, ratio_line, RatioRecord};
+use bench_support::Samples;
 use shared_ring::abi::control::access;
 use shared_ring::abi::wqe::WqeOpcode;
 use vrdma_backend::device::testkit::{connect, wqe, TestChannel, TestCq, TestMr, TestQp};
@@ -56,15 +58,14 @@ fn round_trip(dev: &SoftDevice, a: &mut Side, b: &mut Side, i: u64) -> Duration 
     start.elapsed()
 }
 
-/// Median round trip over at least `n` samples and at least `min` of time; (median, samples).
-fn median(dev: &SoftDevice, a: &mut Side, b: &mut Side, n: usize, min: Duration) -> (f64, usize) {
+/// Round trips (ns each) until at least `n` samples and at least `min` of time.
+fn sample(dev: &SoftDevice, a: &mut Side, b: &mut Side, n: usize, min: Duration) -> Samples {
     let start = Instant::now();
-    let mut v: Vec<Duration> = Vec::with_capacity(n);
+    let mut v = Samples::default();
     while v.len() < n || start.elapsed() < min {
-        v.push(round_trip(dev, a, b, v.len() as u64));
+        v.push(round_trip(dev, a, b, v.len() as u64), 1);
     }
-    v.sort_unstable();
-    (v[v.len() / 2].as_nanos() as f64, v.len())
+    v
 }
 
 fn main() {
@@ -86,8 +87,8 @@ fn main() {
     let mut b = side(&mut cb);
     connect(&dev, &a.qp, &b.qp);
     // Warm up, then idle.
-    median(&dev, &mut a, &mut b, 2_000, Duration::ZERO);
-    let (idle, idle_n) = median(&dev, &mut a, &mut b, SAMPLES, Duration::from_secs(1));
+    sample(&dev, &mut a, &mut b, 2_000, Duration::ZERO);
+    let idle = sample(&dev, &mut a, &mut b, SAMPLES, Duration::from_secs(1));
 
     let mut ch = TestChannel::open(&dev, 9, ChannelMode::Bypass);
     let mut hcq = ch.cq(&dev, 4);
@@ -98,7 +99,7 @@ fn main() {
     let dst = ch.mr(&dev, u64::from(HOG_LEN), access::ALL);
     let stop = AtomicBool::new(false);
     let writes = AtomicU64::new(0);
-    let ((loaded, loaded_n), hog_secs, hog_writes) = std::thread::scope(|s| {
+    let (loaded, hog_secs, hog_writes) = std::thread::scope(|s| {
         s.spawn(|| {
             let mut i = 0;
             while !stop.load(Ordering::Relaxed) {
@@ -123,19 +124,18 @@ fn main() {
         }
         let w0 = writes.load(Ordering::SeqCst);
         let t0 = Instant::now();
-        let loaded = median(&dev, &mut a, &mut b, SAMPLES, Duration::from_secs(3));
+        let loaded = sample(&dev, &mut a, &mut b, SAMPLES, Duration::from_secs(3));
         let secs = t0.elapsed().as_secs_f64();
         let w1 = writes.load(Ordering::SeqCst);
         stop.store(true, Ordering::Relaxed);
         (loaded, secs, w1 - w0)
     });
     println!("engine fairness, 1 engine thread; spinning threads: 2 (bench thread + engine)");
-    println!("64 B ping-pong round trip, idle        {idle:10.0} ns (median of {idle_n})");
-    println!("64 B ping-pong round trip, 1 GiB hog   {loaded:10.0} ns (median of {loaded_n})");
-    println!(
-        "ratio loaded / idle                     {:10.2}   (target <= 3.0)",
-        loaded / idle
-    );
+    println!("{}", figure_line("64 B ping-pong round trip, idle", &idle));
+    println!("{}", figure_line("  with the 1 GiB hog", &loaded));
+    let r = RatioRecord::of("fairness/loaded_vs_idle", &loaded, &idle);
+    println!("{}", ratio_line("ratio loaded / idle", &r, "<= 3.0"));
+    println!("{r}");
     println!(
         "hog meanwhile: {hog_writes} WRITEs of 1 GiB completed in {hog_secs:.2} s ({:.2} GB/s)",
         hog_writes as f64 * f64::from(HOG_LEN) / hog_secs / 1e9

@@ -12,7 +12,8 @@
 //! * **fake**: the scripted fake backend of `tests/common`, whose toy engine completes every
 //!   32-byte inline SEND at once: what the frontend and the shared-memory protocol alone cost.
 //!
-//! * `cache_line` — two threads bounce one atomic word (both spin).
+//! * `cache_line` — the floor, `bench_support::CacheLinePingPong` as in every bench (two
+//!   128-byte lines, one writer each; one round trip = two cache-line transfers; both spin).
 //! * `bypass` (fake) — `post_send_inline` (WQE + release-store + kick check) then `poll` until the
 //!   CQE's phase bit flips; the engine thread spins on the SQ producer index. Two threads spin:
 //!   the poster and the engine.
@@ -20,15 +21,19 @@
 //!   control request, each a ring round trip with event-channel notifications; the poster
 //!   spins 50 µs per request before blocking, the backend thread blocks on its event channel.
 //!
+//! Every figure is the median of batch means (`bench_support::Batches`); the ratios are also
+//! printed as `bench-ratio` lines for `scripts/bench-ratios.sh`.
+//!
 //! `cargo bench -p vrdma --bench roundtrip`
 
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
+use bench_support::report::{figure_line, ratio_line, RatioRecord};
+use bench_support::{time_ops, Batches, CacheLinePingPong, Samples};
 use common::{FakeBackend, World};
 use vrdma::{AccessFlags, Context, Mode, WorkCompletion};
 use vrdma_backend::control::ControlOpener;
@@ -38,54 +43,12 @@ use vrdma_backend::resources::Quotas;
 use xen_platform::sim::{SimHost, SimHostConfig};
 use xen_platform::{DomId, Platform, PlatformKind};
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
+/// `rounds` batches of `batch` calls of `f` (after one warm-up batch): ns per call.
+fn measure(rounds: usize, batch: u32, mut f: impl FnMut()) -> Samples {
+    Batches::fixed(rounds, u64::from(batch)).run(|n| time_ops(n, &mut f))
 }
 
-/// Median over `rounds` of the mean round trip of `batch` iterations, in ns.
-fn measure(rounds: usize, batch: u32, mut f: impl FnMut()) -> f64 {
-    for _ in 0..batch {
-        f();
-    }
-    let v = (0..rounds)
-        .map(|_| {
-            let t = Instant::now();
-            for _ in 0..batch {
-                f();
-            }
-            t.elapsed().as_nanos() as f64 / f64::from(batch)
-        })
-        .collect();
-    median(v)
-}
-
-fn cache_line() -> f64 {
-    let word = Arc::new(AtomicU32::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let (w, s) = (word.clone(), stop.clone());
-    let echo = std::thread::spawn(move || {
-        while !s.load(Ordering::Relaxed) {
-            let v = w.load(Ordering::Acquire);
-            if v % 2 == 1 {
-                w.store(v + 1, Ordering::Release);
-            }
-        }
-    });
-    let mut next = 0u32;
-    let r = measure(31, 20_000, || {
-        word.store(next + 1, Ordering::Release);
-        while word.load(Ordering::Acquire) != next + 2 {
-            std::hint::spin_loop();
-        }
-        next += 2;
-    });
-    stop.store(true, Ordering::Relaxed);
-    echo.join().unwrap();
-    r
-}
-
-fn roundtrip(mode: Mode, rounds: usize, batch: u32) -> f64 {
+fn roundtrip(mode: Mode, rounds: usize, batch: u32) -> Samples {
     let w = World::new();
     w.attach();
     let be = FakeBackend::start(&w);
@@ -135,7 +98,7 @@ fn roundtrip(mode: Mode, rounds: usize, batch: u32) -> f64 {
 }
 
 /// Post → CQE of a 64-byte RDMA WRITE through the real backend daemon and software device.
-fn real_roundtrip(mode: Mode, rounds: usize, batch: u32) -> f64 {
+fn real_roundtrip(mode: Mode, rounds: usize, batch: u32) -> Samples {
     let tmp = tempfile::Builder::new()
         .prefix("vb")
         .tempdir_in("/tmp")
@@ -224,35 +187,52 @@ fn main() {
     } else {
         (31, 20_000, 500)
     };
-    let floor = cache_line();
+    let floor = CacheLinePingPong::measure_floor();
     let real_b = real_roundtrip(Mode::Bypass, rounds, batch_b);
     let real_m = real_roundtrip(Mode::Mediated, rounds, batch_m);
     let bypass = roundtrip(Mode::Bypass, rounds, batch_b);
     let mediated = roundtrip(Mode::Mediated, rounds, batch_m);
-    println!("split driver round trip (post -> CQE), medians of {rounds} batches:");
-    println!("  cache_line       {floor:>10.1} ns   (2 threads spin)");
+    println!("split driver round trip (post -> CQE), ns, medians of batch means:");
+    println!("{}", figure_line("cache_line (floor, 2 spin)", &floor));
     println!("  real backend + software device, 64-byte RDMA WRITE:");
-    println!("    bypass         {real_b:>10.1} ns   (2 threads spin: poster, engine)");
+    println!("{}", figure_line("  bypass (2 spin)", &real_b));
+    println!("{}", figure_line("  mediated", &real_m));
     println!(
-        "    mediated       {real_m:>10.1} ns   (poster spins 50 us per request then blocks; \
-         engine spins; control thread blocks)"
+        "    (bypass: poster and engine spin; mediated: poster spins 50 us per request then \
+         blocks, engine spins, control thread blocks)"
     );
-    println!(
-        "    bypass / cache_line = {:.2}   (target <= 2.0)",
-        real_b / floor
-    );
-    println!(
-        "    mediated / bypass   = {:.1}   (target >= 20)",
-        real_m / real_b
-    );
+    let ratios = [
+        (
+            RatioRecord::of("roundtrip/real_bypass", &real_b, &floor),
+            "  bypass / cache_line",
+            "<= 2.0",
+        ),
+        (
+            RatioRecord::of("roundtrip/real_mediated_vs_bypass", &real_m, &real_b),
+            "  mediated / bypass",
+            ">= 20",
+        ),
+    ];
+    for (r, label, target) in &ratios {
+        println!("{}", ratio_line(label, r, target));
+        println!("{r}");
+    }
     println!("  fake backend (toy engine), 32-byte inline SEND:");
-    println!("    bypass         {bypass:>10.1} ns   (2 threads spin: poster, engine)");
-    println!(
-        "    mediated       {mediated:>10.1} ns   (poster spins 50 us then blocks; backend blocks)"
-    );
-    println!(
-        "    bypass / cache_line = {:.2}   mediated / bypass = {:.1}",
-        bypass / floor,
-        mediated / bypass
-    );
+    println!("{}", figure_line("  bypass (2 spin)", &bypass));
+    println!("{}", figure_line("  mediated", &mediated));
+    println!("    (mediated: poster spins 50 us then blocks; backend blocks)");
+    let ratios = [
+        (
+            RatioRecord::of("roundtrip/fake_bypass", &bypass, &floor),
+            "  bypass / cache_line",
+        ),
+        (
+            RatioRecord::of("roundtrip/fake_mediated_vs_bypass", &mediated, &bypass),
+            "  mediated / bypass",
+        ),
+    ];
+    for (r, label) in &ratios {
+        println!("{}", ratio_line(label, r, "-"));
+        println!("{r}");
+    }
 }

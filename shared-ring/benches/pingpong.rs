@@ -2,7 +2,8 @@
 //! has 2 cores; both threads spin). Reported as round-trip time and as a ratio to a bare
 //! cache-line ping-pong measured in the same run:
 //!
-//! * `bare_cache_line` — baseline: one atomic store each way, nothing else.
+//! * `bare_cache_line` — the floor (`bench_support::CacheLinePingPong`, the same in every bench:
+//!   two 128-byte lines, one writer each; one round trip = two cache-line transfers).
 //! * `xen_ring` — control-ring round trip: write request, push + check notify (full fence);
 //!   the back end copies it out, writes a response, push + check notify; the front copies it.
 //! * `cqe_phase` — one CQE each way through two CQs, polled by phase bit (no shared index).
@@ -16,10 +17,12 @@
 #[cfg(not(loom))]
 mod bench {
     use std::hint::spin_loop;
-    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-    use std::sync::{Arc, Mutex};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
     use std::time::{Duration, Instant};
 
+    use bench_support::report::{figure_line, ratio_line, RatioRecord};
+    use bench_support::{CacheLinePingPong, Recorder};
     use criterion::Criterion;
 
     use shared_ring::abi::cqe::{CqeOpcode, CqeRepr, CqeStatus, CQE_LEN};
@@ -30,30 +33,7 @@ mod bench {
     use shared_ring::xen_ring::{BackRing, FrontRing};
     use shared_ring::SharedRegion;
 
-    static SAMPLES: Mutex<Vec<(&'static str, f64)>> = Mutex::new(Vec::new());
-
-    fn record(name: &'static str, d: Duration, iters: u64) -> Duration {
-        SAMPLES
-            .lock()
-            .unwrap()
-            .push((name, d.as_nanos() as f64 / iters as f64));
-        d
-    }
-
-    fn median(name: &str) -> Option<f64> {
-        let mut v: Vec<f64> = SAMPLES
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|(n, _)| *n == name)
-            .map(|(_, t)| *t)
-            .collect();
-        if v.is_empty() {
-            return None;
-        }
-        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-        Some(v[v.len() / 2])
-    }
+    static REC: Recorder = Recorder::new();
 
     /// Runs `echo` on a helper thread until the returned guard is dropped.
     struct Helper {
@@ -84,36 +64,10 @@ mod bench {
         }
     }
 
-    #[repr(align(128))]
-    struct Line(AtomicU32);
-
     fn bare(c: &mut Criterion) {
-        let ping = Arc::new(Line(AtomicU32::new(0)));
-        let pong = Arc::new(Line(AtomicU32::new(0)));
-        let (p2, q2) = (ping.clone(), pong.clone());
-        let mut last = 0;
-        let _h = Helper::spawn(move || {
-            let v = p2.0.load(Ordering::Acquire);
-            if v != last {
-                q2.0.store(v, Ordering::Release);
-                last = v;
-            } else {
-                spin_loop();
-            }
-        });
-        let mut seq = 0u32;
+        let mut floor = CacheLinePingPong::start();
         c.bench_function("bare_cache_line", |b| {
-            b.iter_custom(|iters| {
-                let t = Instant::now();
-                for _ in 0..iters {
-                    seq = seq.wrapping_add(1);
-                    ping.0.store(seq, Ordering::Release);
-                    while pong.0.load(Ordering::Acquire) != seq {
-                        spin_loop();
-                    }
-                }
-                record("bare_cache_line", t.elapsed(), iters)
-            })
+            b.iter_custom(|iters| REC.record("bare_cache_line", floor.round_trips(iters), iters))
         });
     }
 
@@ -143,7 +97,7 @@ mod bench {
                         spin_loop();
                     }
                 }
-                record("xen_ring", t.elapsed(), iters)
+                REC.record("xen_ring", t.elapsed(), iters)
             })
         });
     }
@@ -195,7 +149,7 @@ mod bench {
                         spin_loop();
                     }
                 }
-                record("cqe_phase", t.elapsed(), iters)
+                REC.record("cqe_phase", t.elapsed(), iters)
             })
         });
     }
@@ -254,7 +208,7 @@ mod bench {
                         spin_loop();
                     }
                 }
-                record("wqe_to_cqe", t.elapsed(), iters)
+                REC.record("wqe_to_cqe", t.elapsed(), iters)
             })
         });
     }
@@ -270,13 +224,18 @@ mod bench {
         cqe_phase(&mut c);
         wqe_to_cqe(&mut c);
         c.final_summary();
-        if let Some(base) = median("bare_cache_line") {
-            println!("\nshared-ring ping-pong, 2 threads spinning, median ns per round trip (ratio to bare cache line):");
-            for name in ["bare_cache_line", "xen_ring", "cqe_phase", "wqe_to_cqe"] {
-                if let Some(m) = median(name) {
-                    println!("  {name:<16} {m:>9.1} ns   x{:.2}", m / base);
-                }
+        let floor = REC.samples("bare_cache_line");
+        println!("\nshared-ring ping-pong, 2 threads spinning, ns per round trip (medians of criterion's samples):");
+        println!("{}", figure_line("bare_cache_line (floor)", &floor));
+        for name in ["xen_ring", "cqe_phase", "wqe_to_cqe"] {
+            let s = REC.samples(name);
+            if s.is_empty() {
+                continue; // filtered out on the command line
             }
+            let r = RatioRecord::of(&format!("pingpong/{name}"), &s, &floor);
+            println!("{}", figure_line(name, &s));
+            println!("{}", ratio_line(&format!("  {name} / floor"), &r, "-"));
+            println!("{r}");
         }
     }
 }

@@ -1,61 +1,28 @@
-//! Floors and alternatives measured in the same process and run as the vrdma figures:
-//! a cache-line ping-pong between two spinning threads, single-core memcpy bandwidth, and TCP
-//! over loopback (ping-pong and streaming) with the same message sizes.
+//! Floors and alternatives measured in the same process and run as the vrdma figures: the
+//! workspace's one cache-line ping-pong floor (bench-support), single-core memcpy bandwidth,
+//! and TCP over loopback (ping-pong and streaming) with the same message sizes.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context as _, Result};
+use bench_support::{Batches, CacheLinePingPong};
 
 use crate::stats::{BwRow, LatencyRow};
-
-/// A cache line of its own (128 bytes: adjacent-line prefetch pairs lines on x86).
-#[repr(align(128))]
-struct Line(AtomicU64);
 
 /// Longest a baseline keeps sampling (a loaded machine can make each sample take a time slice).
 pub const BASELINE_TIME_CAP: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Round trips (µs) of a bare cache-line ping-pong: two threads, both spinning, each
-/// release-storing a counter on its own line and acquire-spinning on the other's. Stops
-/// after `iters` round trips or [`BASELINE_TIME_CAP`] (at least 100).
-pub fn cache_line_rtts(iters: usize) -> Vec<f64> {
-    let ping = Arc::new(Line(AtomicU64::new(0)));
-    let pong = Arc::new(Line(AtomicU64::new(0)));
-    let (p2, q2) = (ping.clone(), pong.clone());
-    let n = iters as u64;
-    let echo = std::thread::spawn(move || {
-        let mut i = 1;
-        while i <= n {
-            let v = p2.0.load(Ordering::Acquire);
-            if v == i {
-                q2.0.store(i, Ordering::Release);
-                i += 1;
-            } else if v == u64::MAX {
-                break;
-            }
-            std::hint::spin_loop();
-        }
-    });
-    let start = Instant::now();
-    let mut rtts = Vec::with_capacity(iters);
-    for i in 1..=n {
-        if i > 100 && start.elapsed() > BASELINE_TIME_CAP {
-            ping.0.store(u64::MAX, Ordering::Release);
-            break;
-        }
-        let t = Instant::now();
-        ping.0.store(i, Ordering::Release);
-        while pong.0.load(Ordering::Acquire) != i {
-            std::hint::spin_loop();
-        }
-        rtts.push(t.elapsed().as_secs_f64() * 1e6);
-    }
-    echo.join().expect("cache-line echo thread");
-    rtts
+/// The bare cache-line ping-pong, the floor every vrdma benchmark uses
+/// (`bench_support::CacheLinePingPong`: two spinning threads, two 128-byte lines with one
+/// writer each), sampled as everywhere ([`Batches::FLOOR`]): mean round trip (µs) of each batch
+/// of 10 000, and how many round trips were run in all. (The latency row built from them drops
+/// the two largest batch means, as perftest does for every row.)
+pub fn cache_line_rtts() -> (Vec<f64>, usize) {
+    let s = CacheLinePingPong::measure_floor();
+    let us = s.ns().iter().map(|ns| ns / 1e3).collect();
+    (us, s.len() * Batches::FLOOR.size as usize)
 }
 
 /// Single-core memcpy bandwidth for `size`-byte copies, `iters` copies (at least 64 MiB
@@ -161,7 +128,7 @@ pub struct SizeBaseline {
 /// Everything `--baseline` measures.
 #[derive(Debug, Clone)]
 pub struct Baselines {
-    /// Round trips of the bare cache-line ping-pong.
+    /// Round trips of the bare cache-line ping-pong: statistics of its batch means.
     pub cache_line_rtt: LatencyRow,
     pub sizes: Vec<SizeBaseline>,
 }
@@ -175,8 +142,8 @@ impl Baselines {
     /// Measures all baselines for `sizes` with `iters` iterations each.
     pub fn measure(sizes: &[usize], iters: usize) -> Result<Baselines> {
         let iters = iters.max(100);
-        let cl = cache_line_rtts(iters.max(10_000));
-        let cache_line_rtt = LatencyRow::from_samples(8, cl.len(), &cl);
+        let (cl, round_trips) = cache_line_rtts();
+        let cache_line_rtt = LatencyRow::from_samples(8, round_trips, &cl);
         let mut out = Vec::new();
         for &s in sizes {
             let rtts = tcp_pingpong_rtts(s, iters).context("TCP ping-pong baseline")?;

@@ -1,0 +1,19 @@
+//! What every vrdma benchmark shares, so that their ratios can be compared:
+//!
+//! * [`CacheLinePingPong`] — **the** floor of the DESIGN §10 latency ratios (what it measures
+//!   and why is documented there and in docs/benchmarks.md, "The floor");
+//! * [`Batches`] and [`time_ops`] — the one way a latency figure is sampled: batches of many
+//!   operations between two clock reads, one sample = the mean time per operation of a batch;
+//! * [`Samples`], [`Recorder`] and [`Spread`] — sample recording (also from criterion's
+//!   `iter_custom`) and the spread statistics (min, p25, median, p75, max);
+//! * [`report`] — a value ÷ floor line for people and a `bench-ratio` line for
+//!   `scripts/bench-ratios.sh`, which gathers them over several runs (`bench-spread`).
+//!
+//! No dependencies: criterion benches and the `vrdma-perf` tool both link this crate.
+
+mod floor;
+pub mod report;
+mod samples;
+
+pub use floor::CacheLinePingPong;
+pub use samples::{time_ops, Batches, Recorder, Samples, Spread};
