@@ -70,7 +70,12 @@ fn shared_pages_region_owns_the_grant_until_its_last_clone() {
         peer.load_u32(4096 + 8, Ordering::Acquire).unwrap(),
         u32::from_ne_bytes(cleared)
     );
-    assert!(p2.map_grants(d1, &refs, Access::ReadOnly).is_err());
+    // The grants are gone: mapping them again is refused as "no grant" (EINVAL).
+    let e = p2.map_grants(d1, &refs, Access::ReadOnly).unwrap_err();
+    assert!(
+        matches!(e, xen_platform::Error::GrantRefused { errno: 22, ref reason, .. } if reason.contains("has no grant")),
+        "{e}"
+    );
 }
 
 #[test]
