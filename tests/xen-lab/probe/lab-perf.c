@@ -4,16 +4,16 @@
  * Same measurements as vrdma-perf's: a 64-byte ping-pong (round trip) and one-way streaming
  * with messages of 64 KiB and 1 MiB.
  *
- *   lab-perf tcp-server PORT ITERS
- *   lab-perf tcp-client HOST PORT ITERS
- *   lab-perf vchan-server PEER_DOMID XS_PATH ITERS blocking|busy
- *   lab-perf vchan-client SERVER_DOMID XS_PATH ITERS blocking|busy
+ *   lab-perf tcp-server PORT ITERS BW_ITERS
+ *   lab-perf tcp-client HOST PORT ITERS BW_ITERS
+ *   lab-perf vchan-server PEER_DOMID XS_PATH ITERS BW_ITERS blocking|busy
+ *   lab-perf vchan-client SERVER_DOMID XS_PATH ITERS BW_ITERS blocking|busy
  *
  * The server prints "LISTENING" once a client may connect and exits after one client. The
  * client prints one line:
  *   RESULT rtt64_med_us=.. rtt64_min_us=.. bw64k_MBps=.. bw1m_MBps=..
  * (MB = 2^20 bytes, as vrdma-perf and perftest). ITERS round trips (after 10 warm-up ones);
- * ITERS messages per bandwidth size. vchan "blocking" sleeps in libxenvchan_wait() (the
+ * BW_ITERS messages per bandwidth size. The client says on stderr which phase it is in. vchan "blocking" sleeps in libxenvchan_wait() (the
  * event channel) whenever it cannot progress; "busy" spins on the ring.
  *
  * Static build (no libraries to ship into the guests):
@@ -24,7 +24,6 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <libxenvchan.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdint.h>
@@ -124,7 +123,7 @@ static char *buffer(void)
 }
 
 /* The server's side of both tests: echo 64-byte messages, then drain each size and ack. */
-static void serve(struct xport *x, int iters)
+static void serve(struct xport *x, int iters, int bw_iters)
 {
     char *b = buffer();
     for (int i = 0; i < iters + WARMUP; i++) {
@@ -132,7 +131,7 @@ static void serve(struct xport *x, int iters)
         x_send(x, b, 64);
     }
     for (int s = 0; s < 2; s++) {
-        for (int i = 0; i < iters; i++)
+        for (int i = 0; i < bw_iters; i++)
             x_recv(x, b, SIZES[s]);
         x_send(x, b, 1);
     }
@@ -141,13 +140,14 @@ static void serve(struct xport *x, int iters)
     free(b);
 }
 
-static void client(struct xport *x, int iters)
+static void client(struct xport *x, int iters, int bw_iters)
 {
     char *b = buffer();
     double *rtt = calloc(iters, sizeof(double));
     double bw[2];
     if (!rtt)
         die("calloc");
+    fprintf(stderr, "lab-perf: %d round trips of 64 B\n", iters + WARMUP);
     for (int i = 0; i < iters + WARMUP; i++) {
         double t0 = now_us();
         x_send(x, b, 64);
@@ -156,12 +156,13 @@ static void client(struct xport *x, int iters)
             rtt[i - WARMUP] = now_us() - t0;
     }
     for (int s = 0; s < 2; s++) {
+        fprintf(stderr, "lab-perf: streaming %d messages of %zu B\n", bw_iters, SIZES[s]);
         double t0 = now_us();
-        for (int i = 0; i < iters; i++)
+        for (int i = 0; i < bw_iters; i++)
             x_send(x, b, SIZES[s]);
         x_recv(x, b, 1);
         double secs = (now_us() - t0) / 1e6;
-        bw[s] = (double)SIZES[s] * iters / (1 << 20) / secs;
+        bw[s] = (double)SIZES[s] * bw_iters / (1 << 20) / secs;
     }
     x_send(x, b, 1);
     qsort(rtt, iters, sizeof(double), cmp_double);
@@ -180,7 +181,7 @@ static void nodelay(int fd)
         die("TCP_NODELAY");
 }
 
-static int tcp_server(int port, int iters)
+static int tcp_server(int port, int iters, int bw_iters)
 {
     int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
@@ -197,13 +198,13 @@ static int tcp_server(int port, int iters)
     if (x.fd < 0)
         die("accept");
     nodelay(x.fd);
-    serve(&x, iters);
+    serve(&x, iters, bw_iters);
     close(x.fd);
     close(l);
     return 0;
 }
 
-static int tcp_client(const char *host, int port, int iters)
+static int tcp_client(const char *host, int port, int iters, int bw_iters)
 {
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
     if (inet_pton(AF_INET, host, &a.sin_addr) != 1) {
@@ -224,12 +225,13 @@ static int tcp_client(const char *host, int port, int iters)
     if (x.fd < 0)
         die("connect");
     nodelay(x.fd);
-    client(&x, iters);
+    client(&x, iters, bw_iters);
     close(x.fd);
     return 0;
 }
 
-static int vchan(int server, int domid, const char *path, int iters, const char *mode)
+static int vchan(int server, int domid, const char *path, int iters, int bw_iters,
+                 const char *mode)
 {
     struct xport x = {.busy = strcmp(mode, "busy") == 0};
     if (!x.busy && strcmp(mode, "blocking") != 0) {
@@ -247,13 +249,13 @@ static int vchan(int server, int domid, const char *path, int iters, const char 
         while (libxenvchan_is_open(x.vc) == 2)
             if (libxenvchan_wait(x.vc) < 0)
                 die("libxenvchan_wait (connect)");
-        serve(&x, iters);
+        serve(&x, iters, bw_iters);
     } else {
         x.vc = libxenvchan_client_init(NULL, domid, path);
         if (!x.vc)
             die("libxenvchan_client_init");
         x.vc->blocking = 0;
-        client(&x, iters);
+        client(&x, iters, bw_iters);
     }
     libxenvchan_close(x.vc);
     return 0;
@@ -261,16 +263,16 @@ static int vchan(int server, int domid, const char *path, int iters, const char 
 
 int main(int argc, char **argv)
 {
-    if (argc == 4 && !strcmp(argv[1], "tcp-server"))
-        return tcp_server(atoi(argv[2]), atoi(argv[3]));
-    if (argc == 5 && !strcmp(argv[1], "tcp-client"))
-        return tcp_client(argv[2], atoi(argv[3]), atoi(argv[4]));
-    if (argc == 6 && !strcmp(argv[1], "vchan-server"))
-        return vchan(1, atoi(argv[2]), argv[3], atoi(argv[4]), argv[5]);
-    if (argc == 6 && !strcmp(argv[1], "vchan-client"))
-        return vchan(0, atoi(argv[2]), argv[3], atoi(argv[4]), argv[5]);
-    fprintf(stderr, "usage: lab-perf tcp-server PORT ITERS | tcp-client HOST PORT ITERS |\n"
-                    "       vchan-server PEER_DOMID XS_PATH ITERS blocking|busy |\n"
-                    "       vchan-client SERVER_DOMID XS_PATH ITERS blocking|busy\n");
+    if (argc == 5 && !strcmp(argv[1], "tcp-server"))
+        return tcp_server(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
+    if (argc == 6 && !strcmp(argv[1], "tcp-client"))
+        return tcp_client(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));
+    if (argc == 7 && !strcmp(argv[1], "vchan-server"))
+        return vchan(1, atoi(argv[2]), argv[3], atoi(argv[4]), atoi(argv[5]), argv[6]);
+    if (argc == 7 && !strcmp(argv[1], "vchan-client"))
+        return vchan(0, atoi(argv[2]), argv[3], atoi(argv[4]), atoi(argv[5]), argv[6]);
+    fprintf(stderr, "usage: lab-perf tcp-server PORT ITERS BW_ITERS | tcp-client HOST PORT ITERS BW_ITERS |\n"
+                    "       vchan-server PEER_DOMID XS_PATH ITERS BW_ITERS blocking|busy |\n"
+                    "       vchan-client SERVER_DOMID XS_PATH ITERS BW_ITERS blocking|busy\n");
     return 2;
 }

@@ -6,12 +6,13 @@
 # (lines "PERF: ...") and exits 0 iff every step measured something.
 # Needs on PATH (the share): vrdma-backend, vrdmactl, vrdma-perf, lab-perf, and the modules
 # llc.ko stp.ko bridge.ko xen-netback.ko (dom0) and xen-netfront.ko (domUs).
-# N: round trips per latency step (after 10 warm-up ones for lab-perf) and messages per
-# bandwidth size, the same for every method.
+# N round trips per latency step (after 10 warm-up ones for lab-perf), NB messages per
+# bandwidth size (NB in flight for vrdma), the same for every method. Every step's processes
+# run under `timeout` in the domUs: a stuck method fails its step, not the boot.
 fail=0
 BIN=/mnt/lab/bin
-N=128
-lab_log "perf: $N iterations per step; dom0 vCPUs $(grep -c ^processor /proc/cpuinfo)"
+N=100; NB=32
+lab_log "perf: $N round trips, $NB messages per bandwidth size; dom0 vCPUs $(grep -c ^processor /proc/cpuinfo)"
 
 for m in llc stp bridge xen-netback; do
     insmod "$BIN/$m.ko" || { lab_log "insmod $m FAILED"; exit 1; }
@@ -69,7 +70,7 @@ for n in labU1 labU2; do
         sleep 0.2
     done
 done
-lab_log "both domUs on the bridge: $(brctl show | tail -n +2 | tr -s ' \t' ' ' | tr '\n' ';')"
+lab_log "both domUs on the bridge: $(ls /sys/class/net/xenbr0/brif | tr '\n' ' ')"
 
 # Placement: "spread" = labU1 on pCPU0, labU2 on pCPU1, dom0's vCPUs float (the first
 # measurement's); "engine-alone" = dom0 on pCPU0, both domUs on pCPU1.
@@ -118,46 +119,50 @@ step() {
     echo "$1|$PLACE|$SPIN|$res" >> /run/lab/results
 }
 P=18600
-tcp() { P=$((P+1)); step "$1" "lab-perf tcp-server $P $N" "lab-perf tcp-client 10.0.0.12 $P $N"; }
-vchan() { step "$1" "lab-perf vchan-server $D1 /local/domain/$D2/data/vchan$STEP $N $2" \
-                    "lab-perf vchan-client $D2 /local/domain/$D2/data/vchan$STEP $N $2"; }
-vchan0() { step "$1" - "lab-perf vchan-client 0 /lab/vchan0-$STEP $N $2" \
-                       "lab-perf vchan-server $D1 /lab/vchan0-$STEP $N $2"; }
+tcp() { P=$((P+1)); step "$1" "lab-perf tcp-server $P $N $NB" "lab-perf tcp-client 10.0.0.12 $P $N $NB"; }
+vchan() { step "$1" "lab-perf vchan-server $D1 /local/domain/$D2/data/vchan$STEP $N $NB $2" \
+                    "lab-perf vchan-client $D2 /local/domain/$D2/data/vchan$STEP $N $NB $2"; }
+vchan0() { step "$1" - "lab-perf vchan-client 0 /lab/vchan0-$STEP $N $NB $2" \
+                       "timeout 300 lab-perf vchan-server $D1 /lab/vchan0-$STEP $N $NB $2"; }
 # vrdma LABEL TEST MODE POLLING(events|busy): vrdma-perf server in labU2, client in labU1.
 vrdma() {
     P=$((P+1))
-    o="-m $3 -n $N -p $P"; [ "$4" = events ] && o="$o -e"
-    case $2 in send_lat) o="$o -s 64" ;; write_bw) o="$o -s 65536,1048576" ;; esac
+    o="-m $3 -p $P"; [ "$4" = events ] && o="$o -e"
+    case $2 in send_lat) o="$o -n $N -s 64" ;; write_bw) o="$o -n $NB -t $NB -s 65536,1048576" ;; esac
     step "$1" "vrdma-perf $2 $o" "vrdma-perf $2 10.0.0.12 $o"
 }
 
 place spread
 uptime | sed 's/^/LAB: uptime (dom0): /'
-tcp "TCP netfront/bridge"
+# The comparison, 64 B round trips first (the part the knobs are about), then bandwidth.
 vchan "vchan blocking" blocking
 vchan "vchan busy" busy
 for m in bypass mediated; do
-    for p in events busy; do
-        vrdma "vrdma $m $p" send_lat $m $p
-        vrdma "vrdma $m $p" write_bw $m $p
-    done
+    for p in events busy; do vrdma "vrdma $m $p" send_lat $m $p; done
 done
-# Knobs, 64 B round trip only.
+# Knobs, 64 B round trip: one hop into dom0 and back, without the engine.
 vchan0 "vchan dom0-labU1 blocking" blocking
 vchan0 "vchan dom0-labU1 busy" busy
+# The engine's spin-before-sleep: 0 (every post kicks, every hop wakes the engine), 10 s
+# (the engine never sleeps while the runs last: no kicks).
 backend 0 2
 vrdma "vrdma bypass events" send_lat bypass events
 vrdma "vrdma bypass busy" send_lat bypass busy
 backend 10000000 3
 vrdma "vrdma bypass events" send_lat bypass events
 vrdma "vrdma bypass busy" send_lat bypass busy
+# Placement: dom0 (the engine, never sleeping) alone on pCPU0, both domUs on pCPU1.
 place engine-alone
-vchan "vchan blocking" blocking
 vrdma "vrdma bypass events" send_lat bypass events
 vrdma "vrdma mediated events" send_lat mediated events
-backend 200 4
-vrdma "vrdma bypass events" send_lat bypass events
+vchan "vchan blocking" blocking
+# Back to the first configuration for bandwidth, and TCP last.
 place spread
+backend 200 4
+for m in bypass mediated; do
+    for p in events busy; do vrdma "vrdma $m $p" write_bw $m $p; done
+done
+tcp "TCP netfront/bridge"
 put /lab/cur end
 uptime | sed 's/^/LAB: uptime (dom0): /'
 

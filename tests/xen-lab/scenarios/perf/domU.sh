@@ -62,7 +62,7 @@ while :; do
         if [ "$cmd" = - ]; then
             xenstore-write data/ready "$s"; xenstore-write data/srvdone "$s"; continue
         fi
-        sh -c "$cmd" > /tmp/srv.out 2>&1 &
+        timeout 330 sh -c "$cmd" > /tmp/srv.out 2>&1 &
         SP=$!
         i=0
         until grep -qi listening /tmp/srv.out; do
@@ -77,7 +77,7 @@ while :; do
         wait_key go "$s" >/dev/null || exit 1
         cmd=$(xenstore-read "/lab/step/$s/cli")
         echo "$NAME: step $s: $cmd"
-        if sh -c "$cmd" > /tmp/cli.out 2>&1; then
+        if timeout 300 sh -c "$cmd" > /tmp/cli.out 2>&1; then
             res=$(parse /tmp/cli.out)
         else
             res="failed"; echo "$NAME: step $s client failed:"; tail -n 5 /tmp/cli.out
