@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The DESIGN §10 latency ratios in one command, over several runs:
+# The latency ratios of the targets table (docs/benchmarks.md) in one command, over several runs:
 #
 #   scripts/bench-ratios.sh [RUNS]          # default 5
 #

@@ -1,6 +1,6 @@
 //! What every vrdma benchmark shares, so that their ratios can be compared:
 //!
-//! * [`CacheLinePingPong`] — **the** floor of the DESIGN §10 latency ratios (what it measures
+//! * [`CacheLinePingPong`] — **the** floor of the latency ratios of the targets table (docs/benchmarks.md) (what it measures
 //!   and why is documented there and in docs/benchmarks.md, "The floor");
 //! * [`Batches`] and [`time_ops`] — the one way a latency figure is sampled: batches of many
 //!   operations between two clock reads, one sample = the mean time per operation of a batch;

@@ -1,4 +1,4 @@
-//! `vrdma-scale`: the DESIGN §10 scale figures, measured on a simulated Xen host with the real
+//! `vrdma-scale`: the scale figures of the targets table (docs/benchmarks.md "Scale"), measured on a simulated Xen host with the real
 //! `vrdma-backend` running as its own process (so its memory, CPU time and context switches are
 //! its own, read from `/proc/<pid>`).
 //!
@@ -28,7 +28,9 @@ use xen_platform::{DomId, Platform, PlatformKind};
 use xenstore_proto::client::{Client, XenbusStore};
 
 #[derive(Parser)]
-#[command(about = "DESIGN §10 scale figures on a simulated Xen host")]
+#[command(
+    about = "vrdma scale figures (message rate, memory per QP, attach cost, idle wake-ups) on a simulated Xen host"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
