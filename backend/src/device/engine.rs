@@ -1,7 +1,7 @@
 //! Engine threads: poll the doorbells of their channels' QPs, execute work, and sleep when
 //! idle.
 //!
-//! Sleeping (DESIGN §6, the `req_event` idiom): after `spin` without work the engine arms the
+//! Sleeping (the kick protocol of docs/protocol.md §2, the `req_event` idiom): after `spin` without work the engine arms the
 //! sleep word of every channel it serves (`EngineSleep::prepare_sleep`, which fences), re-checks
 //! every queue, and only then blocks in `mio::Poll` on its waker. A frontend that publishes a
 //! producer index after the re-check sees the sleep word and notifies the channel's event
@@ -23,16 +23,17 @@
 //! channels' kicks; the serving engine hands the wake-up over (`exec::hand_off_rnr`), and as a
 //! safety net such an engine sleeps at most [`RNR_NAP`] at a time.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use mio::{Events, Poll, Token, Waker};
+use mio::{Events, Poll};
 
 use super::exec::{self, Ctx};
 use super::mr::KeyTable;
 use super::objects::{lock, Channel, Qp};
+use super::waker::EngineWaker;
 
 /// Passes after two channels last did work in the same pass during which budgets stay small.
 pub(crate) const SHARED_PASSES: usize = 256;
@@ -40,37 +41,10 @@ pub(crate) const SHARED_PASSES: usize = 256;
 /// Longest sleep of an engine whose QP waits for a RECV at another engine's QP.
 pub(crate) const RNR_NAP: Duration = Duration::from_millis(1);
 
-/// The part of an engine that other threads see.
+/// An engine's shared part: its waker and the channels it serves.
 pub(crate) struct EngineShared {
-    pub(crate) idx: usize,
-    waker: Waker,
-    generation: AtomicU64,
+    pub(crate) waker: Arc<EngineWaker>,
     pub(crate) channels: Mutex<Vec<Arc<Channel>>>,
-    stop: AtomicBool,
-    /// Times the engine blocked (for tests and diagnostics).
-    pub(crate) sleeps: AtomicU64,
-    /// True while the engine is blocked or about to block.
-    pub(crate) asleep: AtomicBool,
-}
-
-impl EngineShared {
-    /// Wakes the engine if it sleeps (a spurious wake-up otherwise, absorbed by the next sleep).
-    pub(crate) fn wake(&self) {
-        if let Err(e) = self.waker.wake() {
-            tracing::warn!(engine = self.idx, "engine waker failed: {e}");
-        }
-    }
-
-    /// Channels or QPs changed: the engine re-reads its lists.
-    pub(crate) fn changed(&self) {
-        self.generation.fetch_add(1, Ordering::SeqCst);
-        self.wake();
-    }
-
-    pub(crate) fn stop(&self) {
-        self.stop.store(true, Ordering::SeqCst);
-        self.wake();
-    }
 }
 
 /// An engine ready to run: its shared part and its poller.
@@ -81,16 +55,11 @@ pub(crate) struct Prepared {
 
 pub(crate) fn prepare(idx: usize) -> std::io::Result<Prepared> {
     let poll = Poll::new()?;
-    let waker = Waker::new(poll.registry(), Token(0))?;
+    let waker = Arc::new(EngineWaker::new(idx, &poll)?);
     Ok(Prepared {
         shared: Arc::new(EngineShared {
-            idx,
             waker,
-            generation: AtomicU64::new(0),
             channels: Mutex::new(Vec::new()),
-            stop: AtomicBool::new(false),
-            sleeps: AtomicU64::new(0),
-            asleep: AtomicBool::new(false),
         }),
         poll,
     })
@@ -100,18 +69,16 @@ pub(crate) fn spawn(
     p: Prepared,
     spin: Duration,
     keys: Arc<KeyTable>,
-    engines: Arc<[Arc<EngineShared>]>,
+    engines: Arc<[Arc<EngineWaker>]>,
 ) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
-        .name(format!("vrdma-engine-{}", p.shared.idx))
+        .name(format!("vrdma-engine-{}", p.shared.waker.idx))
         .spawn(move || run(p, spin, keys, engines))
 }
 
-fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<EngineShared>]>) {
-    let Prepared {
-        shared: me,
-        mut poll,
-    } = p;
+fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<EngineWaker>]>) {
+    let Prepared { shared, mut poll } = p;
+    let me = &*shared.waker;
     let mut events = Events::with_capacity(8);
     let ctx = Ctx {
         keys: &keys,
@@ -133,7 +100,7 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
         let g = me.generation.load(Ordering::SeqCst);
         if g != seen {
             seen = g;
-            chans = lock(&me.channels).clone();
+            chans = lock(&shared.channels).clone();
             qps.clear();
             ranges.clear();
             for c in &chans {

@@ -11,15 +11,15 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use shared_ring::abi::control::QpState;
 use shared_ring::abi::cqe::{CqeRepr, CqeStatus, CQE_LEN};
 use shared_ring::abi::event::{EventKind, EventRepr, EVENT_LEN};
-use shared_ring::abi::wqe::{WqeRepr, WQE_LEN};
+use shared_ring::abi::wqe::{WqeRepr, MAX_SGE, WQE_LEN};
 use shared_ring::cq::{CqPoller, CqWriter};
 use shared_ring::doorbell::{CqDoorbell, DoorbellError, DoorbellPage, EngineSleep, QueueDoorbell};
 use shared_ring::queue::Producer;
 use shared_ring::WqConsumer;
 
-use super::engine::EngineShared;
-use super::exec::Active;
+use super::mr::Seg;
 use super::stats::{ChanStats, QpCounters};
+use super::waker::EngineWaker;
 use super::{ChannelId, ChannelMode, CqId, DomId, Notifier, PdId, QpNum};
 
 /// Locks a mutex, recovering from poisoning: the protected state is plain data that stays
@@ -126,7 +126,7 @@ pub(crate) struct Channel {
     events: Mutex<Producer<EVENT_LEN>>,
     notifier: Arc<dyn Notifier>,
     pub(crate) stats: ChanStats,
-    pub(crate) engine: Arc<EngineShared>,
+    pub(crate) engine: Arc<EngineWaker>,
     /// QPs the engine serves (snapshot taken when `engine.generation` changes).
     pub(crate) qps: Mutex<Vec<Arc<Qp>>>,
     pub(crate) closed: AtomicBool,
@@ -143,7 +143,7 @@ impl Channel {
         events: Producer<EVENT_LEN>,
         notifier: Arc<dyn Notifier>,
         stats: ChanStats,
-        engine: Arc<EngineShared>,
+        engine: Arc<EngineWaker>,
     ) -> Self {
         Self {
             id,
@@ -255,6 +255,31 @@ impl Cq {
     pub(crate) fn poll_raw(&self) -> Option<[u8; CQE_LEN]> {
         self.poller.as_ref().and_then(|p| lock(p).poll_raw())
     }
+}
+
+/// Resolved segments of a WQE (the regions stay mapped while they are held).
+pub(crate) type SegList = [Option<Seg>; MAX_SGE];
+
+/// What a partly executed WQE does.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Kind {
+    /// RDMA WRITE or READ: a copy between resolved segments.
+    Copy,
+    /// SEND into the RECV reserved at the peer (`RecvSide::reserved`).
+    Send,
+    /// RDMA WRITE with immediate: the data, then a RECV consumed for the immediate.
+    WriteImm,
+}
+
+/// A WQE being executed over several passes, with every range resolved and checked at its
+/// start (the segments keep their regions mapped until it is over).
+pub(crate) struct Active {
+    pub(crate) wqe: WqeRepr,
+    pub(crate) kind: Kind,
+    pub(crate) src: SegList,
+    pub(crate) dst: SegList,
+    pub(crate) len: usize,
+    pub(crate) done: usize,
 }
 
 /// Send-side state of a QP (the engine that owns the QP's channel is its only user on the
