@@ -38,6 +38,9 @@ use super::waker::EngineWaker;
 /// Passes after two channels last did work in the same pass during which budgets stay small.
 pub(crate) const SHARED_PASSES: usize = 256;
 
+/// Idle passes between two looks at the clock while spinning.
+const CLOCK_PASSES: u32 = 64;
+
 /// Longest sleep of an engine whose QP waits for a RECV at another engine's QP.
 pub(crate) const RNR_NAP: Duration = Duration::from_millis(1);
 
@@ -93,6 +96,8 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
     let mut pass: usize = 0;
     let mut last_shared: usize = 0;
     let mut idle_since: Option<Instant> = None;
+    // Idle passes since the last pass that did work.
+    let mut idle_passes: u32 = 0;
     // Woken from a sleep (or just started) and no work found since: no spinning for that.
     let mut just_woke = true;
     tracing::debug!(engine = me.idx, "engine started");
@@ -135,13 +140,23 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
         }
         if did {
             idle_since = None;
+            idle_passes = 0;
             just_woke = false;
             continue;
         }
-        let since = *idle_since.get_or_insert_with(Instant::now);
-        if !just_woke && since.elapsed() < spin {
-            std::hint::spin_loop();
-            continue;
+        if !just_woke {
+            // Reading the clock costs as much as an idle pass: look at it every
+            // `CLOCK_PASSES` idle passes only (the spin ends that much later at most).
+            idle_passes = idle_passes.wrapping_add(1);
+            if idle_passes % CLOCK_PASSES != 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let since = *idle_since.get_or_insert_with(Instant::now);
+            if since.elapsed() < spin {
+                std::hint::spin_loop();
+                continue;
+            }
         }
         // Arm every sleep word, then look once more: a post published before the arm is seen
         // here, one published after it sees the arm and kicks.
@@ -172,6 +187,7 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
         }
         me.asleep.store(false, Ordering::SeqCst);
         idle_since = None;
+        idle_passes = 0;
         just_woke = true;
     }
     tracing::debug!(engine = me.idx, "engine stopped");
