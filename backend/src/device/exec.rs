@@ -98,6 +98,7 @@ pub(crate) fn process_qp(ctx: &Ctx<'_>, qp: &Arc<Qp>, budget: &mut usize) -> boo
     }
     let did = match qp.state() {
         QpState::Error => flush(qp),
+        QpState::Rts if qp.sq_quiet() => false,
         QpState::Rts => run_sq(ctx, qp, budget),
         _ => false,
     };
@@ -168,6 +169,12 @@ pub(crate) fn has_work(qp: &Qp, me: usize) -> (bool, bool) {
 
 fn run_sq(ctx: &Ctx<'_>, qp: &Arc<Qp>, budget: &mut usize) -> bool {
     let mut s = lock(&qp.send);
+    let did = run_sq_locked(ctx, qp, &mut s, budget);
+    qp.note_send_side(&s);
+    did
+}
+
+fn run_sq_locked(ctx: &Ctx<'_>, qp: &Arc<Qp>, s: &mut SendSide, budget: &mut usize) -> bool {
     let mut did = false;
     for _ in 0..BUDGET {
         if qp.state() != QpState::Rts {
@@ -211,7 +218,7 @@ fn run_sq(ctx: &Ctx<'_>, qp: &Arc<Qp>, budget: &mut usize) -> bool {
                     }
                 },
             };
-            let r = execute(ctx, qp, &mut s, &wqe, budget);
+            let r = execute(ctx, qp, s, &wqe, budget);
             (wqe, r)
         };
         match result {
