@@ -117,6 +117,11 @@ impl<const N: usize> Consumer<N> {
     pub fn cons_pvt(&self) -> u32 {
         self.cons_pvt
     }
+    /// The producer's index word, for a look at it without this end (an engine that keeps
+    /// the end under a lock can tell from it that nothing new was published, lock-free).
+    pub fn prod_word(&self) -> &SharedWord {
+        &self.prod
+    }
     /// Published slots not yet consumed, reading the producer's index (validated).
     pub fn available(&mut self) -> Result<u32, QueueError> {
         let prod = self.prod.load(Ordering::Acquire);

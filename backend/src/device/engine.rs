@@ -1,7 +1,7 @@
 //! Engine threads: poll the doorbells of their channels' QPs, execute work, and sleep when
 //! idle.
 //!
-//! Sleeping (DESIGN §6, the `req_event` idiom): after `spin` without work the engine arms the
+//! Sleeping (the kick protocol of docs/protocol.md §2, the `req_event` idiom): after `spin` without work the engine arms the
 //! sleep word of every channel it serves (`EngineSleep::prepare_sleep`, which fences), re-checks
 //! every queue, and only then blocks in `mio::Poll` on its waker. A frontend that publishes a
 //! producer index after the re-check sees the sleep word and notifies the channel's event
@@ -23,54 +23,31 @@
 //! channels' kicks; the serving engine hands the wake-up over (`exec::hand_off_rnr`), and as a
 //! safety net such an engine sleeps at most [`RNR_NAP`] at a time.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use mio::{Events, Poll, Token, Waker};
+use mio::{Events, Poll};
 
 use super::exec::{self, Ctx};
 use super::mr::KeyTable;
 use super::objects::{lock, Channel, Qp};
+use super::waker::EngineWaker;
 
 /// Passes after two channels last did work in the same pass during which budgets stay small.
 pub(crate) const SHARED_PASSES: usize = 256;
 
+/// Idle passes between two looks at the clock while spinning.
+const CLOCK_PASSES: u32 = 64;
+
 /// Longest sleep of an engine whose QP waits for a RECV at another engine's QP.
 pub(crate) const RNR_NAP: Duration = Duration::from_millis(1);
 
-/// The part of an engine that other threads see.
+/// An engine's shared part: its waker and the channels it serves.
 pub(crate) struct EngineShared {
-    pub(crate) idx: usize,
-    waker: Waker,
-    generation: AtomicU64,
+    pub(crate) waker: Arc<EngineWaker>,
     pub(crate) channels: Mutex<Vec<Arc<Channel>>>,
-    stop: AtomicBool,
-    /// Times the engine blocked (for tests and diagnostics).
-    pub(crate) sleeps: AtomicU64,
-    /// True while the engine is blocked or about to block.
-    pub(crate) asleep: AtomicBool,
-}
-
-impl EngineShared {
-    /// Wakes the engine if it sleeps (a spurious wake-up otherwise, absorbed by the next sleep).
-    pub(crate) fn wake(&self) {
-        if let Err(e) = self.waker.wake() {
-            tracing::warn!(engine = self.idx, "engine waker failed: {e}");
-        }
-    }
-
-    /// Channels or QPs changed: the engine re-reads its lists.
-    pub(crate) fn changed(&self) {
-        self.generation.fetch_add(1, Ordering::SeqCst);
-        self.wake();
-    }
-
-    pub(crate) fn stop(&self) {
-        self.stop.store(true, Ordering::SeqCst);
-        self.wake();
-    }
 }
 
 /// An engine ready to run: its shared part and its poller.
@@ -81,16 +58,11 @@ pub(crate) struct Prepared {
 
 pub(crate) fn prepare(idx: usize) -> std::io::Result<Prepared> {
     let poll = Poll::new()?;
-    let waker = Waker::new(poll.registry(), Token(0))?;
+    let waker = Arc::new(EngineWaker::new(idx, &poll)?);
     Ok(Prepared {
         shared: Arc::new(EngineShared {
-            idx,
             waker,
-            generation: AtomicU64::new(0),
             channels: Mutex::new(Vec::new()),
-            stop: AtomicBool::new(false),
-            sleeps: AtomicU64::new(0),
-            asleep: AtomicBool::new(false),
         }),
         poll,
     })
@@ -100,18 +72,16 @@ pub(crate) fn spawn(
     p: Prepared,
     spin: Duration,
     keys: Arc<KeyTable>,
-    engines: Arc<[Arc<EngineShared>]>,
+    engines: Arc<[Arc<EngineWaker>]>,
 ) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
-        .name(format!("vrdma-engine-{}", p.shared.idx))
+        .name(format!("vrdma-engine-{}", p.shared.waker.idx))
         .spawn(move || run(p, spin, keys, engines))
 }
 
-fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<EngineShared>]>) {
-    let Prepared {
-        shared: me,
-        mut poll,
-    } = p;
+fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<EngineWaker>]>) {
+    let Prepared { shared, mut poll } = p;
+    let me = &*shared.waker;
     let mut events = Events::with_capacity(8);
     let ctx = Ctx {
         keys: &keys,
@@ -126,6 +96,8 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
     let mut pass: usize = 0;
     let mut last_shared: usize = 0;
     let mut idle_since: Option<Instant> = None;
+    // Idle passes since the last pass that did work.
+    let mut idle_passes: u32 = 0;
     // Woken from a sleep (or just started) and no work found since: no spinning for that.
     let mut just_woke = true;
     tracing::debug!(engine = me.idx, "engine started");
@@ -133,7 +105,7 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
         let g = me.generation.load(Ordering::SeqCst);
         if g != seen {
             seen = g;
-            chans = lock(&me.channels).clone();
+            chans = lock(&shared.channels).clone();
             qps.clear();
             ranges.clear();
             for c in &chans {
@@ -168,13 +140,23 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
         }
         if did {
             idle_since = None;
+            idle_passes = 0;
             just_woke = false;
             continue;
         }
-        let since = *idle_since.get_or_insert_with(Instant::now);
-        if !just_woke && since.elapsed() < spin {
-            std::hint::spin_loop();
-            continue;
+        if !just_woke {
+            // Reading the clock costs as much as an idle pass: look at it every
+            // `CLOCK_PASSES` idle passes only (the spin ends that much later at most).
+            idle_passes = idle_passes.wrapping_add(1);
+            if idle_passes % CLOCK_PASSES != 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let since = *idle_since.get_or_insert_with(Instant::now);
+            if since.elapsed() < spin {
+                std::hint::spin_loop();
+                continue;
+            }
         }
         // Arm every sleep word, then look once more: a post published before the arm is seen
         // here, one published after it sees the arm and kicks.
@@ -205,6 +187,7 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
         }
         me.asleep.store(false, Ordering::SeqCst);
         idle_since = None;
+        idle_passes = 0;
         just_woke = true;
     }
     tracing::debug!(engine = me.idx, "engine stopped");

@@ -8,7 +8,7 @@
 //! Fairness is by bytes: a pass of the engine lets each channel move at most [`PASS_BYTES`]
 //! while other channels have work too ([`SOLO_BYTES`] while it is alone), and each QP run at
 //! most [`BUDGET`] WQEs. A message larger than what is left is moved in
-//! pieces over several passes ([`Active`]): its WQE stays at the head of the SQ, so the QP's
+//! pieces over several passes (`objects::Active`): its WQE stays at the head of the SQ, so the QP's
 //! completions stay in order, and the responder's receive lock is held for one piece at a
 //! time, never across the message.
 
@@ -18,11 +18,11 @@ use std::sync::{Arc, MutexGuard, Weak};
 use shared_ring::abi::control::{access, QpState};
 use shared_ring::abi::cqe::{flags as cqe_flags, CqeOpcode, CqeRepr, CqeStatus};
 use shared_ring::abi::event::EventKind;
-use shared_ring::abi::wqe::{flags, WqeData, WqeOpcode, WqeRepr, MAX_SGE, WQE_LEN};
+use shared_ring::abi::wqe::{flags, WqeData, WqeOpcode, WqeRepr, WQE_LEN};
 
-use super::engine::EngineShared;
-use super::mr::{self, KeyTable, Seg, Source};
-use super::objects::{lock, Qp, RecvSide, SendSide};
+use super::mr::{self, KeyTable, Source};
+use super::objects::{lock, Active, Kind, Qp, RecvSide, SegList, SendSide};
+use super::waker::EngineWaker;
 
 /// WQEs one QP may execute per engine pass (fairness between QPs).
 const BUDGET: usize = 32;
@@ -36,13 +36,11 @@ pub(crate) const SOLO_BYTES: usize = 256 << 10;
 /// WQEs one QP may flush per queue per pass.
 const FLUSH_BUDGET: usize = 256;
 
-type SegList = [Option<Seg>; MAX_SGE];
-
 /// What an engine pass needs.
 pub(crate) struct Ctx<'a> {
     pub(crate) keys: &'a KeyTable,
     pub(crate) me: usize,
-    pub(crate) engines: &'a [Arc<EngineShared>],
+    pub(crate) engines: &'a [Arc<EngineWaker>],
 }
 
 enum Exec {
@@ -54,28 +52,6 @@ enum Exec {
     Blocked,
     /// Part of the message moved (the byte budget is spent); the rest on later passes.
     Partial,
-}
-
-/// What a partly executed WQE does.
-#[derive(Debug, Clone, Copy)]
-enum Kind {
-    /// RDMA WRITE or READ: a copy between resolved segments.
-    Copy,
-    /// SEND into the RECV reserved at the peer (`RecvSide::reserved`).
-    Send,
-    /// RDMA WRITE with immediate: the data, then a RECV consumed for the immediate.
-    WriteImm,
-}
-
-/// A WQE being executed over several passes, with every range resolved and checked at its
-/// start (the segments keep their regions mapped until it is over).
-pub(crate) struct Active {
-    wqe: WqeRepr,
-    kind: Kind,
-    src: SegList,
-    dst: SegList,
-    len: usize,
-    done: usize,
 }
 
 fn done(status: CqeStatus, len: u64) -> Exec {
@@ -122,6 +98,7 @@ pub(crate) fn process_qp(ctx: &Ctx<'_>, qp: &Arc<Qp>, budget: &mut usize) -> boo
     }
     let did = match qp.state() {
         QpState::Error => flush(qp),
+        QpState::Rts if qp.sq_quiet() => false,
         QpState::Rts => run_sq(ctx, qp, budget),
         _ => false,
     };
@@ -192,6 +169,12 @@ pub(crate) fn has_work(qp: &Qp, me: usize) -> (bool, bool) {
 
 fn run_sq(ctx: &Ctx<'_>, qp: &Arc<Qp>, budget: &mut usize) -> bool {
     let mut s = lock(&qp.send);
+    let did = run_sq_locked(ctx, qp, &mut s, budget);
+    qp.note_send_side(&s);
+    did
+}
+
+fn run_sq_locked(ctx: &Ctx<'_>, qp: &Arc<Qp>, s: &mut SendSide, budget: &mut usize) -> bool {
     let mut did = false;
     for _ in 0..BUDGET {
         if qp.state() != QpState::Rts {
@@ -235,7 +218,7 @@ fn run_sq(ctx: &Ctx<'_>, qp: &Arc<Qp>, budget: &mut usize) -> bool {
                     }
                 },
             };
-            let r = execute(ctx, qp, &mut s, &wqe, budget);
+            let r = execute(ctx, qp, s, &wqe, budget);
             (wqe, r)
         };
         match result {

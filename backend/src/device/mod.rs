@@ -64,22 +64,12 @@
 //!   was lost goes to Error (`QpFatal`).
 //! * Completions to an armed CQ notify the channel once per arm (errors count as solicited).
 //!
-//! # Changes after the first version
+//! # Modules
 //!
-//! Additive only; listed here.
-//!
-//! * [`Device::add_doorbell_page`]: a channel may have more than one doorbell page (slots are
-//!   numbered across pages), so a process is not limited to the 31 slots of one page.
-//! * Mediated mode writes the send and receive queues' consumer indexes to the guest's doorbell
-//!   page too (producer indexes stay private), so the frontend sees its queue slots free up.
-//! * Isolation (issue 10; not additive): `connect_qp` answers `Ok` and leaves the QP waiting in
-//!   Rtr for any remote number (before: `ConnectionRefused` for a number that named no QP), and
-//!   only a connected QP's destroy touches its peer. Handles are no longer sequential; memory
-//!   keys are `number << 1 | remote` from a 31-bit counter instead of slot and generation.
-//! * Fairness (issue 10): each engine pass lets a channel move at most 8 KiB while channels
-//!   share the engine (256 KiB while one is alone); longer messages move in pieces over several
-//!   passes (completions stay in order per QP). An engine spins
-//!   only after it did work: a kick that finds nothing to do buys one look, not a spin.
+//! Each module uses only the ones before it: `mr` (memory keys and copies) and `stats`
+//! (counters), `waker` (wakes an engine thread), `objects` (channels, CQs, QPs),
+//! `exec` (executes WQEs on the objects), `engine` (the threads that run `exec`), `soft`
+//! (the [`Device`] implementation that owns the engines and the tables).
 
 mod engine;
 mod exec;
@@ -89,6 +79,7 @@ pub mod platform;
 mod soft;
 mod stats;
 pub mod testkit;
+mod waker;
 
 #[cfg(test)]
 mod tests;

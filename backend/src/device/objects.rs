@@ -5,21 +5,21 @@
 //! only under the table lock), then QP receive sides, then CQs, then a channel's event ring.
 //! The engine holds at most one send side (its own QP's) and one receive side (its peer's).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use shared_ring::abi::control::QpState;
 use shared_ring::abi::cqe::{CqeRepr, CqeStatus, CQE_LEN};
 use shared_ring::abi::event::{EventKind, EventRepr, EVENT_LEN};
-use shared_ring::abi::wqe::{WqeRepr, WQE_LEN};
+use shared_ring::abi::wqe::{WqeRepr, MAX_SGE, WQE_LEN};
 use shared_ring::cq::{CqPoller, CqWriter};
 use shared_ring::doorbell::{CqDoorbell, DoorbellError, DoorbellPage, EngineSleep, QueueDoorbell};
 use shared_ring::queue::Producer;
-use shared_ring::WqConsumer;
+use shared_ring::{SharedWord, WqConsumer};
 
-use super::engine::EngineShared;
-use super::exec::Active;
+use super::mr::Seg;
 use super::stats::{ChanStats, QpCounters};
+use super::waker::EngineWaker;
 use super::{ChannelId, ChannelMode, CqId, DomId, Notifier, PdId, QpNum};
 
 /// Locks a mutex, recovering from poisoning: the protected state is plain data that stays
@@ -126,7 +126,7 @@ pub(crate) struct Channel {
     events: Mutex<Producer<EVENT_LEN>>,
     notifier: Arc<dyn Notifier>,
     pub(crate) stats: ChanStats,
-    pub(crate) engine: Arc<EngineShared>,
+    pub(crate) engine: Arc<EngineWaker>,
     /// QPs the engine serves (snapshot taken when `engine.generation` changes).
     pub(crate) qps: Mutex<Vec<Arc<Qp>>>,
     pub(crate) closed: AtomicBool,
@@ -143,7 +143,7 @@ impl Channel {
         events: Producer<EVENT_LEN>,
         notifier: Arc<dyn Notifier>,
         stats: ChanStats,
-        engine: Arc<EngineShared>,
+        engine: Arc<EngineWaker>,
     ) -> Self {
         Self {
             id,
@@ -257,6 +257,31 @@ impl Cq {
     }
 }
 
+/// Resolved segments of a WQE (the regions stay mapped while they are held).
+pub(crate) type SegList = [Option<Seg>; MAX_SGE];
+
+/// What a partly executed WQE does.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Kind {
+    /// RDMA WRITE or READ: a copy between resolved segments.
+    Copy,
+    /// SEND into the RECV reserved at the peer (`RecvSide::reserved`).
+    Send,
+    /// RDMA WRITE with immediate: the data, then a RECV consumed for the immediate.
+    WriteImm,
+}
+
+/// A WQE being executed over several passes, with every range resolved and checked at its
+/// start (the segments keep their regions mapped until it is over).
+pub(crate) struct Active {
+    pub(crate) wqe: WqeRepr,
+    pub(crate) kind: Kind,
+    pub(crate) src: SegList,
+    pub(crate) dst: SegList,
+    pub(crate) len: usize,
+    pub(crate) done: usize,
+}
+
 /// Send-side state of a QP (the engine that owns the QP's channel is its only user on the
 /// data path).
 pub(crate) struct SendSide {
@@ -279,9 +304,18 @@ pub(crate) struct RecvSide {
     pub(crate) reserved: Option<[u8; WQE_LEN]>,
 }
 
+/// `Qp::sq_idle_at` when the send side has work of its own (a blocked or partly executed WQE).
+pub(crate) const SQ_BUSY: u64 = u64::MAX;
+
 /// A queue pair.
 pub(crate) struct Qp {
     pub(crate) num: QpNum,
+    /// The SQ producer index word the engine follows (a copy of the one in `send.sq`), looked
+    /// at without the send lock by [`Qp::sq_quiet`].
+    sq_prod: SharedWord,
+    /// Written by the owning engine only, under the send lock: the SQ consumer index when it
+    /// last left the send side with nothing to do, or [`SQ_BUSY`].
+    sq_idle_at: AtomicU64,
     pub(crate) ch: Arc<Channel>,
     pub(crate) pd: PdId,
     state: AtomicU32,
@@ -315,6 +349,8 @@ impl Qp {
     ) -> Self {
         Self {
             num,
+            sq_prod: sq.prod_word().clone(),
+            sq_idle_at: AtomicU64::new(SQ_BUSY),
             ch,
             pd,
             state: AtomicU32::new(QpState::Init as u32),
@@ -333,6 +369,25 @@ impl Qp {
             destroyed: AtomicBool::new(false),
             counters: QpCounters::default(),
         }
+    }
+
+    /// Owning engine, send lock held: records whether the send side is idle (nothing but the
+    /// SQ to look at, and the SQ consumed up to `s`'s consumer index).
+    pub(crate) fn note_send_side(&self, s: &SendSide) {
+        let at = if s.pending.is_none() && s.active.is_none() {
+            u64::from(s.sq.cons_pvt())
+        } else {
+            SQ_BUSY
+        };
+        self.sq_idle_at.store(at, Ordering::Relaxed);
+    }
+
+    /// Owning engine: whether a pass over the send side would find nothing to do, without
+    /// taking the send lock — it was idle when the engine left it and no WQE was published
+    /// since (one load of the QP's own line, one of the producer index's).
+    pub(crate) fn sq_quiet(&self) -> bool {
+        let at = self.sq_idle_at.load(Ordering::Relaxed);
+        at != SQ_BUSY && u64::from(self.sq_prod.load(Ordering::Acquire)) == at
     }
 
     pub(crate) fn state(&self) -> QpState {

@@ -24,6 +24,7 @@ use super::engine::{self, EngineShared};
 use super::mr::{KeyTable, Mr, NewMr};
 use super::objects::{lock, Channel, Cq, CqState, Doorbells, Qp};
 use super::stats::{ChanStats, Counters, Held};
+use super::waker::EngineWaker;
 use super::*;
 
 /// Largest queue the device accepts (log2).
@@ -170,14 +171,15 @@ impl SoftDevice {
             .map(engine::prepare)
             .collect::<std::io::Result<Vec<_>>>()?;
         let engines: Arc<[Arc<EngineShared>]> = prepared.iter().map(|p| p.shared.clone()).collect();
+        let wakers: Arc<[Arc<EngineWaker>]> = engines.iter().map(|e| e.waker.clone()).collect();
         let keys = Arc::new(KeyTable::default());
         let mut threads = Vec::with_capacity(n);
         for p in prepared {
-            match engine::spawn(p, config.spin, keys.clone(), engines.clone()) {
+            match engine::spawn(p, config.spin, keys.clone(), wakers.clone()) {
                 Ok(t) => threads.push(t),
                 Err(e) => {
-                    for e in engines.iter() {
-                        e.stop();
+                    for w in wakers.iter() {
+                        w.stop();
                     }
                     for t in threads {
                         let _ = t.join();
@@ -229,7 +231,7 @@ impl SoftDevice {
 impl Drop for SoftDevice {
     fn drop(&mut self) {
         for e in self.inner.engines.iter() {
-            e.stop();
+            e.waker.stop();
         }
         for t in self.threads.drain(..) {
             let _ = t.join();
@@ -364,7 +366,7 @@ impl Device for SoftDevice {
             events,
             setup.notifier,
             stats,
-            engine.clone(),
+            engine.waker.clone(),
         ));
         t.channels.insert(
             id,
@@ -379,7 +381,7 @@ impl Device for SoftDevice {
         );
         drop(t);
         lock(&engine.channels).push(ch);
-        engine.changed();
+        engine.waker.changed();
         tracing::debug!(ch = id.0, domid = %setup.domid, mode = ?setup.mode, "channel opened");
         Ok(id)
     }
@@ -416,7 +418,7 @@ impl Device for SoftDevice {
         c.stats.release(Held::Channel);
         drop(t);
         lock(&c.qps).clear();
-        lock(&c.engine.channels).retain(|x| x.id != ch);
+        lock(&self.inner.engines[c.engine.idx].channels).retain(|x| x.id != ch);
         c.engine.changed();
         tracing::debug!(ch = ch.0, "channel closed");
     }
