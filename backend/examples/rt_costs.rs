@@ -8,7 +8,7 @@
 //! cores with everything else, and the low percentiles are the batches in which both ran,
 //! which is what the figure is about (the median is the device bench's statistic).
 //!
-//! * `floor` — the device bench's floor: two threads, one 128-byte-aligned line each way.
+//! * `floor` — the one floor of every bench (`bench_support::CacheLinePingPong`).
 //! * `protocol` — the bypass protocol with no engine around it, line for line as the frontend
 //!   and engine do it: the poster writes a 64-byte WQE line, release-stores the producer index
 //!   (its own line), fences and reads the sleep word (a third line, never written here); the
@@ -84,36 +84,11 @@ fn measure(batch: u32, mut f: impl FnMut()) -> f64 {
     v[v.len() / 2]
 }
 
+/// The floor: bench-support's one definition (the same as every bench's), sampled like the
+/// other rows here.
 fn floor() -> [f64; 3] {
-    let ping = Arc::new(Line::new());
-    let pong = Arc::new(Line::new());
-    let stop = Arc::new(AtomicBool::new(false));
-    let t = {
-        let (ping, pong, stop) = (ping.clone(), pong.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let mut seen = 0;
-            while !stop.load(Ordering::Relaxed) {
-                let v = ping.0[0].load(Ordering::Acquire);
-                if v != seen {
-                    seen = v;
-                    pong.0[0].store(v, Ordering::Release);
-                } else {
-                    spin_loop();
-                }
-            }
-        })
-    };
-    let mut n = 0u32;
-    let r = spread(|| {
-        n = n.wrapping_add(1).max(1);
-        ping.0[0].store(n, Ordering::Release);
-        while pong.0[0].load(Ordering::Acquire) != n {
-            spin_loop();
-        }
-    });
-    stop.store(true, Ordering::Relaxed);
-    t.join().unwrap();
-    r
+    let mut pp = bench_support::CacheLinePingPong::start();
+    spread(|| pp.round_trip())
 }
 
 /// The lines of one queue pair and CQ, as the doorbell page and rings lay them out.
