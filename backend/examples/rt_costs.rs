@@ -36,7 +36,8 @@ use std::time::{Duration, Instant};
 
 use shared_ring::abi::control::access;
 use shared_ring::abi::wqe::WqeOpcode;
-use vrdma_backend::device::testkit::{wqe, TestChannel};
+use shared_ring::abi::wqe::WQE_LEN;
+use vrdma_backend::device::testkit::{wqe, TestChannel, TestCq, TestMr, TestQp};
 use vrdma_backend::device::{ChannelMode, Device, EngineConfig, SoftDevice};
 
 #[repr(C, align(128))]
@@ -161,26 +162,55 @@ fn protocol(arm_check: bool) -> [f64; 3] {
     r
 }
 
+/// A loopback RC QP of a `SoftDevice` (one engine thread, never sleeping) and the signaled
+/// 64-byte RDMA WRITE both device measurements post; the channel and MRs live as long as it.
+struct Loopback {
+    dev: SoftDevice,
+    cq: TestCq,
+    qp: TestQp,
+    w: [u8; WQE_LEN],
+    _keep: (TestChannel, TestMr, TestMr),
+}
+
+impl Loopback {
+    fn new() -> Loopback {
+        let dev = SoftDevice::new(EngineConfig {
+            threads: 1,
+            spin: Duration::from_secs(3600),
+        })
+        .unwrap();
+        let mut ch = TestChannel::open(&dev, 1, ChannelMode::Bypass);
+        let cq = ch.cq(&dev, 10);
+        let qp = ch.qp(&dev, &cq, &cq, 8);
+        dev.connect_qp(ch.id, qp.num, qp.num).unwrap();
+        let src = ch.mr(&dev, 4096, access::ALL);
+        let dst = ch.mr(&dev, 4096, access::ALL);
+        let w = wqe(
+            WqeOpcode::RdmaWrite,
+            1,
+            &[src.sge(0, 64)],
+            (dst.iova, dst.keys.rkey),
+            0,
+        )
+        .to_bytes();
+        Loopback {
+            dev,
+            cq,
+            qp,
+            w,
+            _keep: (ch, src, dst),
+        }
+    }
+}
+
 fn device() -> [f64; 3] {
-    let dev = SoftDevice::new(EngineConfig {
-        threads: 1,
-        spin: Duration::from_secs(3600),
-    })
-    .unwrap();
-    let mut ch = TestChannel::open(&dev, 1, ChannelMode::Bypass);
-    let mut cq = ch.cq(&dev, 10);
-    let mut qp = ch.qp(&dev, &cq, &cq, 8);
-    dev.connect_qp(ch.id, qp.num, qp.num).unwrap();
-    let src = ch.mr(&dev, 4096, access::ALL);
-    let dst = ch.mr(&dev, 4096, access::ALL);
-    let w = wqe(
-        WqeOpcode::RdmaWrite,
-        1,
-        &[src.sge(0, 64)],
-        (dst.iova, dst.keys.rkey),
-        0,
-    )
-    .to_bytes();
+    let Loopback {
+        dev,
+        mut cq,
+        mut qp,
+        w,
+        ..
+    } = Loopback::new();
     spread(|| {
         qp.sq.write(&w).unwrap();
         if qp.sq.publish_and_check_kick(&mut qp.kick) {
@@ -193,25 +223,13 @@ fn device() -> [f64; 3] {
 }
 
 fn device_batch() -> f64 {
-    let dev = SoftDevice::new(EngineConfig {
-        threads: 1,
-        spin: Duration::from_secs(3600),
-    })
-    .unwrap();
-    let mut ch = TestChannel::open(&dev, 1, ChannelMode::Bypass);
-    let mut cq = ch.cq(&dev, 10);
-    let mut qp = ch.qp(&dev, &cq, &cq, 8);
-    dev.connect_qp(ch.id, qp.num, qp.num).unwrap();
-    let src = ch.mr(&dev, 4096, access::ALL);
-    let dst = ch.mr(&dev, 4096, access::ALL);
-    let w = wqe(
-        WqeOpcode::RdmaWrite,
-        1,
-        &[src.sge(0, 64)],
-        (dst.iova, dst.keys.rkey),
-        0,
-    )
-    .to_bytes();
+    let Loopback {
+        dev,
+        mut cq,
+        mut qp,
+        w,
+        ..
+    } = Loopback::new();
     let mut batch = || {
         for _ in 0..128 {
             qp.sq.write(&w).unwrap();
