@@ -18,10 +18,8 @@ use std::time::{Duration, Instant};
 use bench_support::report::{figure_line, ratio_line, RatioRecord};
 use bench_support::{CacheLinePingPong, Recorder, Samples};
 use criterion::{Criterion, Throughput};
-use shared_ring::abi::control::access;
-use shared_ring::abi::wqe::WqeOpcode;
-use vrdma_backend::device::testkit::{wqe, TestChannel, TestCq, TestMr, TestQp};
-use vrdma_backend::device::{ChannelMode, Device, EngineConfig, SoftDevice};
+use vrdma_backend::device::testkit::Loopback;
+use vrdma_backend::device::Device;
 
 static REC: Recorder = Recorder::new();
 
@@ -32,44 +30,9 @@ fn bare_cache_line(c: &mut Criterion) {
     });
 }
 
-struct Loop {
-    dev: SoftDevice,
-    cq: TestCq,
-    qp: TestQp,
-    src: TestMr,
-    dst: TestMr,
-}
-
-fn loopback() -> Loop {
-    let dev = SoftDevice::new(EngineConfig {
-        threads: 1,
-        spin: Duration::from_secs(3600),
-    })
-    .unwrap();
-    let mut ch = TestChannel::open(&dev, 1, ChannelMode::Bypass);
-    let cq = ch.cq(&dev, 10);
-    let qp = ch.qp(&dev, &cq, &cq, 8);
-    dev.connect_qp(ch.id, qp.num, qp.num).unwrap();
-    let src = ch.mr(&dev, 1 << 20, access::ALL);
-    let dst = ch.mr(&dev, 1 << 20, access::ALL);
-    Loop {
-        dev,
-        cq,
-        qp,
-        src,
-        dst,
-    }
-}
-
-fn round_trip(l: &mut Loop, len: u32) {
-    let w = wqe(
-        WqeOpcode::RdmaWrite,
-        1,
-        &[l.src.sge(0, len)],
-        (l.dst.iova, l.dst.keys.rkey),
-        0,
-    );
-    l.qp.sq.write(&w.to_bytes()).unwrap();
+fn round_trip(l: &mut Loopback, len: u32) {
+    let w = l.write_wqe(len);
+    l.qp.sq.write(&w).unwrap();
     if l.qp.sq.publish_and_check_kick(&mut l.qp.kick) {
         l.dev.kick(l.qp.ch);
     }
@@ -83,7 +46,7 @@ fn round_trip(l: &mut Loop, len: u32) {
 }
 
 fn device_round_trip(c: &mut Criterion) {
-    let mut l = loopback();
+    let mut l = Loopback::new(1 << 20);
     c.bench_function("post_to_cqe_64B", |b| {
         b.iter_custom(|iters| {
             let start = Instant::now();
@@ -111,7 +74,7 @@ fn bandwidth(c: &mut Criterion) {
             REC.record("memcpy_1MiB", start.elapsed(), iters)
         })
     });
-    let mut l = loopback();
+    let mut l = Loopback::new(1 << 20);
     g.bench_function("write_1MiB", |b| {
         b.iter_custom(|iters| {
             let start = Instant::now();

@@ -32,13 +32,10 @@
 use std::hint::{black_box, spin_loop};
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use shared_ring::abi::control::access;
-use shared_ring::abi::wqe::WqeOpcode;
-use shared_ring::abi::wqe::WQE_LEN;
-use vrdma_backend::device::testkit::{wqe, TestChannel, TestCq, TestMr, TestQp};
-use vrdma_backend::device::{ChannelMode, Device, EngineConfig, SoftDevice};
+use vrdma_backend::device::testkit::Loopback;
+use vrdma_backend::device::Device;
 
 #[repr(C, align(128))]
 struct Line([AtomicU32; 16]);
@@ -162,55 +159,16 @@ fn protocol(arm_check: bool) -> [f64; 3] {
     r
 }
 
-/// A loopback RC QP of a `SoftDevice` (one engine thread, never sleeping) and the signaled
-/// 64-byte RDMA WRITE both device measurements post; the channel and MRs live as long as it.
-struct Loopback {
-    dev: SoftDevice,
-    cq: TestCq,
-    qp: TestQp,
-    w: [u8; WQE_LEN],
-    _keep: (TestChannel, TestMr, TestMr),
-}
-
-impl Loopback {
-    fn new() -> Loopback {
-        let dev = SoftDevice::new(EngineConfig {
-            threads: 1,
-            spin: Duration::from_secs(3600),
-        })
-        .unwrap();
-        let mut ch = TestChannel::open(&dev, 1, ChannelMode::Bypass);
-        let cq = ch.cq(&dev, 10);
-        let qp = ch.qp(&dev, &cq, &cq, 8);
-        dev.connect_qp(ch.id, qp.num, qp.num).unwrap();
-        let src = ch.mr(&dev, 4096, access::ALL);
-        let dst = ch.mr(&dev, 4096, access::ALL);
-        let w = wqe(
-            WqeOpcode::RdmaWrite,
-            1,
-            &[src.sge(0, 64)],
-            (dst.iova, dst.keys.rkey),
-            0,
-        )
-        .to_bytes();
-        Loopback {
-            dev,
-            cq,
-            qp,
-            w,
-            _keep: (ch, src, dst),
-        }
-    }
-}
-
 fn device() -> [f64; 3] {
+    // The device's 4 KiB MRs; the channel and MRs stay alive (unmoved fields of `l`).
+    let l = Loopback::new(4096);
+    let w = l.write_wqe(64);
     let Loopback {
         dev,
         mut cq,
         mut qp,
-        w,
         ..
-    } = Loopback::new();
+    } = l;
     spread(|| {
         qp.sq.write(&w).unwrap();
         if qp.sq.publish_and_check_kick(&mut qp.kick) {
@@ -223,13 +181,15 @@ fn device() -> [f64; 3] {
 }
 
 fn device_batch() -> f64 {
+    // The device's 4 KiB MRs; the channel and MRs stay alive (unmoved fields of `l`).
+    let l = Loopback::new(4096);
+    let w = l.write_wqe(64);
     let Loopback {
         dev,
         mut cq,
         mut qp,
-        w,
         ..
-    } = Loopback::new();
+    } = l;
     let mut batch = || {
         for _ in 0..128 {
             qp.sq.write(&w).unwrap();

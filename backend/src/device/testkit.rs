@@ -364,3 +364,59 @@ pub fn wqe(
         data: WqeData::sges(sges).expect("at most 2 SGEs"),
     }
 }
+
+/// The benchmarks' loopback: a [`SoftDevice`] with one engine thread that never sleeps, one
+/// bypass channel, a CQ of 1024 entries, a QP of 256 send slots connected to itself, and two
+/// `mr_len`-byte MRs to WRITE from and to.
+pub struct Loopback {
+    /// The device (its engine spins for an hour before it sleeps).
+    pub dev: SoftDevice,
+    /// The channel the objects belong to.
+    pub ch: TestChannel,
+    /// Send and receive CQ of `qp`.
+    pub cq: TestCq,
+    /// The QP, connected to itself.
+    pub qp: TestQp,
+    /// The WRITEs' source.
+    pub src: TestMr,
+    /// The WRITEs' destination.
+    pub dst: TestMr,
+}
+
+impl Loopback {
+    /// Builds it (panics on failure: test support).
+    pub fn new(mr_len: u64) -> Loopback {
+        let dev = SoftDevice::new(EngineConfig {
+            threads: 1,
+            spin: Duration::from_secs(3600),
+        })
+        .expect("software device");
+        let mut ch = TestChannel::open(&dev, 1, ChannelMode::Bypass);
+        let cq = ch.cq(&dev, 10);
+        let qp = ch.qp(&dev, &cq, &cq, 8);
+        dev.connect_qp(ch.id, qp.num, qp.num)
+            .expect("connect the QP to itself");
+        let src = ch.mr(&dev, mr_len, access::ALL);
+        let dst = ch.mr(&dev, mr_len, access::ALL);
+        Loopback {
+            dev,
+            ch,
+            cq,
+            qp,
+            src,
+            dst,
+        }
+    }
+
+    /// A signaled RDMA WRITE of the first `len` bytes of `src` to the start of `dst`.
+    pub fn write_wqe(&self, len: u32) -> [u8; WQE_LEN] {
+        wqe(
+            WqeOpcode::RdmaWrite,
+            1,
+            &[self.src.sge(0, len)],
+            (self.dst.iova, self.dst.keys.rkey),
+            0,
+        )
+        .to_bytes()
+    }
+}
