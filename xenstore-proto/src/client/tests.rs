@@ -60,7 +60,11 @@ impl Peer {
                 });
             }
             let mut buf = [0u8; 8192];
-            let n = self.stream.read(&mut buf).expect("peer read (hang guard)");
+            let n = match self.stream.read(&mut buf) {
+                // A client that closes with our last reply unread resets the connection: closed.
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return None,
+                r => r.expect("peer read (hang guard)"),
+            };
             if n == 0 {
                 return None;
             }
@@ -370,6 +374,7 @@ fn watch_delivers_initial_fire_and_unwatches_on_drop() {
 fn stopper_wakes_a_blocked_watch_and_unwatches_once() {
     let (client, peer) = blocking_pair();
     let (token_tx, token_rx) = std::sync::mpsc::channel();
+    let (unwatched_tx, unwatched_rx) = std::sync::mpsc::channel();
     let daemon = spawn_peer(peer, move |mut p| {
         let got = p.expect(MsgType::Watch);
         let token = match got.request() {
@@ -388,6 +393,7 @@ fn stopper_wakes_a_blocked_watch_and_unwatches_once() {
             }
         );
         p.ok(&got);
+        unwatched_tx.send(()).unwrap();
         // Dropping the stopped watch, then the client: nothing more is sent (no second UNWATCH).
         assert!(p.recv().is_none(), "a request after the stop's UNWATCH");
     });
@@ -405,6 +411,9 @@ fn stopper_wakes_a_blocked_watch_and_unwatches_once() {
     stopper.stop();
     let (r, watch) = waiter.join().unwrap();
     assert!(matches!(r, Err(Error::WatchEnded)), "{r:?} (token {token})");
+    // The stop's UNWATCH is sent detached (as a dropped watch's is): wait until the peer has it
+    // before closing the client, or the close can overtake it.
+    unwatched_rx.recv_timeout(GUARD).unwrap();
     drop(watch);
     drop(client);
     daemon.join().unwrap();
