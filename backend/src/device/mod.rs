@@ -73,6 +73,7 @@
 
 mod engine;
 mod exec;
+pub mod iwarp;
 mod mr;
 mod objects;
 pub mod platform;

@@ -885,3 +885,21 @@ impl Device for SoftDevice {
         out
     }
 }
+
+impl SoftDevice {
+    /// Runs QP `qp` of channel `ch` (Init or Rtr, not connected) over an established iWARP
+    /// connection: the QP goes to RTS and the channel gets `QpEstablished`. Called by the
+    /// connection manager when MPA negotiation ends.
+    ///
+    /// Placeholder until the iWARP data path lands: refuses.
+    #[allow(dead_code)]
+    pub(crate) fn attach_stream(
+        &self,
+        ch: ChannelId,
+        qp: QpNum,
+        est: super::iwarp::Established,
+    ) -> DeviceResult<()> {
+        let _ = (ch, qp, est);
+        Err(DeviceError::NotSupported("the iWARP data path"))
+    }
+}
