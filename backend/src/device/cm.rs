@@ -18,10 +18,11 @@
 
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::sync::mpsc::{channel, Receiver};
 use std::sync::Weak;
 use std::time::Duration;
 
-use super::super::iwarp::cm::{Cmd, CmSink, ConnId, CrcPolicy, MpaPolicy, TcpCm, Upcall};
+use super::super::iwarp::cm::{CmSink, Cmd, ConnId, CrcPolicy, MpaPolicy, TcpCm, Upcall};
 use super::super::iwarp::Established;
 use super::*;
 
@@ -293,7 +294,9 @@ impl SoftDevice {
             Some(x) if x.ch == ch => {}
             _ => return Err(bad("listener", l.0)),
         }
-        self.inner.close_listener_locked(&mut t, l);
+        let closed = self.inner.close_listener_locked(&mut t, l);
+        drop(t);
+        wait_closed(closed);
         Ok(())
     }
 
@@ -327,16 +330,11 @@ impl SoftDevice {
                 ird: max.0,
                 ord: max.1,
             };
-            let listener = t
-                .cm
-                .ports
-                .get(&peer.port())
-                .copied()
-                .filter(|l| {
-                    t.cm.listeners.get(l).is_some_and(|x| {
-                        x.addr.ip().is_unspecified() || x.addr.ip() == peer.ip()
-                    })
-                });
+            let listener = t.cm.ports.get(&peer.port()).copied().filter(|l| {
+                t.cm.listeners
+                    .get(l)
+                    .is_some_and(|x| x.addr.ip().is_unspecified() || x.addr.ip() == peer.ip())
+            });
             let Some(l) = listener else {
                 // Nobody listens: what a TCP RST would say.
                 t.cm.qps.insert(
@@ -599,6 +597,15 @@ impl SoftDevice {
     }
 }
 
+/// Waits (bounded) until the thread closed a listener's sockets.
+pub(super) fn wait_closed(closed: Option<Receiver<()>>) {
+    if let Some(rx) = closed {
+        if rx.recv_timeout(Duration::from_secs(5)).is_err() {
+            tracing::warn!("the connection manager did not close a listener in time");
+        }
+    }
+}
+
 /// Binds `port` (0: one the kernel picks, the same on every address) on every address.
 fn bind_all(
     ips: &[IpAddr],
@@ -688,34 +695,41 @@ impl Inner {
         }
     }
 
-    fn close_listener_locked(&self, t: &mut Tables, l: ListenerId) {
-        let Some(x) = t.cm.listeners.remove(&l) else {
-            return;
-        };
+    /// Closes a listener: its requests are rejected, its sockets closed by the thread (wait
+    /// for the answer with [`wait_closed`], without the table lock: the thread may need it).
+    fn close_listener_locked(&self, t: &mut Tables, l: ListenerId) -> Option<Receiver<()>> {
+        let x = t.cm.listeners.remove(&l)?;
         if t.cm.ports.get(&x.addr.port()) == Some(&l) {
             t.cm.ports.remove(&x.addr.port());
         }
-        if let Some(cm) = self.cm.get() {
-            cm.tcp.send(Cmd::CloseListener { id: l.0 });
-        }
+        let closed = self.cm.get().map(|cm| {
+            let (done, closed) = channel();
+            cm.tcp.send(Cmd::CloseListener { id: l.0, done });
+            closed
+        });
         for req in x.requests {
             self.reject_request_locked(t, req, &[]);
         }
         t.handles.release(l.0);
+        closed
     }
 
-    /// A channel closes: its listeners close (their requests are rejected).
-    pub(super) fn cm_close_channel_locked(&self, t: &mut Tables, ch: ChannelId) {
-        let mine: Vec<ListenerId> = t
-            .cm
-            .listeners
-            .iter()
-            .filter(|(_, l)| l.ch == ch)
-            .map(|(id, _)| *id)
-            .collect();
-        for l in mine {
-            self.close_listener_locked(t, l);
-        }
+    /// A channel closes: its listeners close (their requests are rejected). Wait for the
+    /// answers with [`wait_closed`] after dropping the table lock.
+    pub(super) fn cm_close_channel_locked(
+        &self,
+        t: &mut Tables,
+        ch: ChannelId,
+    ) -> Vec<Receiver<()>> {
+        let mine: Vec<ListenerId> =
+            t.cm.listeners
+                .iter()
+                .filter(|(_, l)| l.ch == ch)
+                .map(|(id, _)| *id)
+                .collect();
+        mine.into_iter()
+            .filter_map(|l| self.close_listener_locked(t, l))
+            .collect()
     }
 
     /// A QP is destroyed: its connect or accept in progress ends.

@@ -94,8 +94,8 @@ use shared_ring::abi::cqe::CqeRepr;
 use shared_ring::abi::event::EventRepr;
 use shared_ring::SharedRegion;
 
-pub use shared_ring::abi::control::{access, DeviceAttrs};
 pub use iwarp::CrcPolicy;
+pub use shared_ring::abi::control::{access, DeviceAttrs};
 pub use soft::{default_attrs, CmConfig, EngineDiag, PeerFilter, SoftDevice, MAX_DOORBELL_PAGES};
 pub use xen_platform::DomId;
 

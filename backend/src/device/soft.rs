@@ -403,7 +403,7 @@ impl Device for SoftDevice {
         let Some(e) = t.channels.get(&ch) else { return };
         let c = e.ch.clone();
         c.closed.store(true, Ordering::SeqCst);
-        self.inner.cm_close_channel_locked(&mut t, ch);
+        let listeners = self.inner.cm_close_channel_locked(&mut t, ch);
         let Some(e) = t.channels.get(&ch) else { return };
         let qps: Vec<QpNum> = e.qps.keys().copied().collect();
         for q in qps {
@@ -434,6 +434,9 @@ impl Device for SoftDevice {
         lock(&c.qps).clear();
         lock(&self.inner.engines[c.engine.idx].channels).retain(|x| x.id != ch);
         c.engine.changed();
+        for closed in listeners {
+            cm::wait_closed(Some(closed));
+        }
         tracing::debug!(ch = ch.0, "channel closed");
     }
 
@@ -940,7 +943,12 @@ impl Device for SoftDevice {
         self.cm_accept_impl(ch, req, qp, private_data)
     }
 
-    fn cm_reject(&self, ch: ChannelId, req: ConnRequestId, private_data: &[u8]) -> DeviceResult<()> {
+    fn cm_reject(
+        &self,
+        ch: ChannelId,
+        req: ConnRequestId,
+        private_data: &[u8],
+    ) -> DeviceResult<()> {
         self.cm_reject_impl(ch, req, private_data)
     }
 

@@ -91,9 +91,16 @@ pub(crate) trait CmSink: Send + Sync {
 #[derive(Debug)]
 pub(crate) enum Cmd {
     /// Serve these (nonblocking) listening sockets as listener `id`.
-    Listen { id: u32, sockets: Vec<TcpListener> },
-    /// Close them; handshakes that did not reach the device yet are dropped.
-    CloseListener { id: u32 },
+    Listen {
+        id: u32,
+        sockets: Vec<TcpListener>,
+    },
+    /// Close them; handshakes that did not reach the device yet are dropped. `done` hears
+    /// when the sockets are closed (the port is free again).
+    CloseListener {
+        id: u32,
+        done: std::sync::mpsc::Sender<()>,
+    },
     Connect {
         conn: ConnId,
         src: IpAddr,
@@ -109,7 +116,9 @@ pub(crate) enum Cmd {
         private_data: Vec<u8>,
     },
     /// Close the connection, no report.
-    Abort { conn: ConnId },
+    Abort {
+        conn: ConnId,
+    },
 }
 
 const WAKE: Token = Token(usize::MAX);
@@ -317,7 +326,7 @@ impl Engine {
                     }
                 }
             }
-            Cmd::CloseListener { id } => {
+            Cmd::CloseListener { id, done } => {
                 let tokens: Vec<usize> = self
                     .listeners
                     .iter()
@@ -326,7 +335,10 @@ impl Engine {
                     .collect();
                 for t in tokens {
                     if let Some((_, s)) = self.listeners.remove(&t) {
-                        let _ = self.poll.registry().deregister(&mut SourceFd(&s.as_raw_fd()));
+                        let _ = self
+                            .poll
+                            .registry()
+                            .deregister(&mut SourceFd(&s.as_raw_fd()));
                     }
                 }
                 let waiting: Vec<ConnId> = self
@@ -338,6 +350,7 @@ impl Engine {
                 for k in waiting {
                     self.close(k);
                 }
+                let _ = done.send(());
             }
             Cmd::Connect {
                 conn,
@@ -522,12 +535,11 @@ impl Engine {
             // Initiators and accepted requests are known to the device; a responder that
             // waited for a request is not.
             match c.state {
-                State::Connecting { .. } | State::AwaitReply | State::Replying { .. } => {
-                    self.report(Upcall::Failed {
+                State::Connecting { .. } | State::AwaitReply | State::Replying { .. } => self
+                    .report(Upcall::Failed {
                         conn: k,
                         why: "timeout",
-                    })
-                }
+                    }),
                 State::AwaitRequest { .. } | State::Closing | State::AwaitAnswer { .. } => {}
             }
         }
@@ -861,14 +873,7 @@ impl Conn {
             return refuse(self, "markers", req);
         }
         if !(1..=2).contains(&r.revision) || (r.revision == 1 && r.ird_ord.is_some()) {
-            return refuse(
-                self,
-                "revision",
-                ReqParams {
-                    revision: 2,
-                    ..req
-                },
-            );
+            return refuse(self, "revision", ReqParams { revision: 2, ..req });
         }
         if r.private_data.len() > MAX_PRIVATE_DATA {
             return refuse(self, "private data too long", req);

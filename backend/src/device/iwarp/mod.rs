@@ -7,6 +7,8 @@
 //! Operation and the parameters both ends agreed on; the data path runs a QP over it.
 
 pub(crate) mod cm;
+#[cfg(test)]
+mod cm_tests;
 
 use std::net::{SocketAddr, TcpStream};
 
