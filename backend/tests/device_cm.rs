@@ -432,3 +432,26 @@ fn read_frame(s: &mut TcpStream) -> Vec<u8> {
     h.extend_from_slice(&rest);
     h
 }
+
+#[test]
+fn accepting_a_requester_that_left_init_pairs_nothing() {
+    let dev = device(A);
+    let mut s = end(&dev, 1);
+    let mut c = end(&dev, 2);
+    let (l, addr) = listen(&dev, &s.ch, A);
+    dev.cm_connect(c.ch.id, c.qp.num, addr, b"").unwrap();
+    let req = request(event(&mut s.ch), l);
+    dev.modify_qp(c.ch.id, c.qp.num, QpState::Error).unwrap();
+    assert!(matches!(
+        dev.cm_accept(s.ch.id, req, s.qp.num, b""),
+        Err(DeviceError::ConnectionRefused(..))
+    ));
+    assert_eq!(dev.qp_state(c.ch.id, c.qp.num).unwrap(), QpState::Error);
+    assert_eq!(dev.qp_state(s.ch.id, s.qp.num).unwrap(), QpState::Init);
+    no_event(&mut s.ch);
+    assert!(c
+        .ch
+        .take_events()
+        .iter()
+        .all(|e| e.kind != EventKind::QpEstablished));
+}
