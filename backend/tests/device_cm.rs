@@ -455,3 +455,52 @@ fn accepting_a_requester_that_left_init_pairs_nothing() {
         .iter()
         .all(|e| e.kind != EventKind::QpEstablished));
 }
+
+/// Accept between two devices: the MPA exchange carries the private data both ways (the CM
+/// info of both QPs says so whatever the data path then does with the stream: with it the
+/// QPs get `QpEstablished`, without it — the placeholder that refuses — `ConnectUnreachable`).
+#[test]
+fn remote_accept_exchanges_private_data_both_ways() {
+    let dev_a = device(A);
+    let dev_b = device(B);
+    let mut s = end(&dev_b, 1);
+    let mut c = end(&dev_a, 1);
+    let (l, addr) = listen(&dev_b, &s.ch, B);
+    dev_a.cm_connect(c.ch.id, c.qp.num, addr, b"ping").unwrap();
+    let req = request(event(&mut s.ch), l);
+    dev_b.cm_accept(s.ch.id, req, s.qp.num, b"pong").unwrap();
+    for e in [&mut c, &mut s] {
+        let ev = event(&mut e.ch);
+        assert_eq!(ev.handle, e.qp.num.0);
+        assert!(
+            matches!(
+                ev.kind,
+                EventKind::QpEstablished | EventKind::ConnectUnreachable
+            ),
+            "{ev:?}"
+        );
+    }
+    let ci = dev_a.cm_qp_info(c.ch.id, c.qp.num).unwrap();
+    assert_eq!(ci.private_data, b"pong");
+    assert_eq!(ci.peer, addr);
+    assert_eq!(ci.local.ip(), A);
+    assert_ne!(ci.local.port(), 0);
+    let si = dev_b.cm_qp_info(s.ch.id, s.qp.num).unwrap();
+    assert_eq!(si.private_data, b"ping");
+    assert_eq!(si.peer, ci.local);
+    assert_eq!(si.local, addr);
+}
+
+#[test]
+fn closing_a_channel_abandons_its_remote_connects() {
+    let dev_a = device(A);
+    let l = TcpListener::bind(SocketAddr::new(B, 0)).unwrap();
+    let addr = l.local_addr().unwrap();
+    let c = end(&dev_a, 1);
+    dev_a.cm_connect(c.ch.id, c.qp.num, addr, b"").unwrap();
+    let (mut s, _) = l.accept().unwrap();
+    s.set_read_timeout(Some(HANG)).unwrap();
+    let _ = read_frame(&mut s);
+    dev_a.close_channel(c.ch.id);
+    assert_eq!(s.read(&mut [0u8; 1]).unwrap_or(0), 0, "TCP closed");
+}
