@@ -504,3 +504,16 @@ fn closing_a_channel_abandons_its_remote_connects() {
     dev_a.close_channel(c.ch.id);
     assert_eq!(s.read(&mut [0u8; 1]).unwrap_or(0), 0, "TCP closed");
 }
+
+#[test]
+fn a_qp_the_cm_connects_cannot_also_be_paired_by_number() {
+    let dev = device(A);
+    let s = end(&dev, 1);
+    let c = end(&dev, 2);
+    let (_, addr) = listen(&dev, &s.ch, A);
+    dev.cm_connect(c.ch.id, c.qp.num, addr, b"").unwrap();
+    assert!(matches!(
+        dev.connect_qp(c.ch.id, c.qp.num, s.qp.num),
+        Err(DeviceError::ConnectionRefused(..))
+    ));
+}

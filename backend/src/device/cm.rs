@@ -106,6 +106,13 @@ pub(super) struct CmTables {
     conns: HashMap<ConnId, ConnUse>,
 }
 
+impl CmTables {
+    /// Whether the connection manager is connecting or has connected `qp`.
+    pub(super) fn has_qp(&self, qp: QpNum) -> bool {
+        self.qps.contains_key(&qp)
+    }
+}
+
 struct Listener {
     ch: ChannelId,
     domid: DomId,
