@@ -32,7 +32,8 @@ pub struct MessageRepr<'a> {
     pub ddp: DdpRepr,
     pub opcode: Opcode,
     pub body: Body<'a>,
-    /// Where the data payload is in the ULPDU (empty for Read Request and Terminate).
+    /// Where the data payload is in the ULPDU (empty, right after the body, for Read Request
+    /// and Terminate).
     pub payload: Range<usize>,
 }
 
@@ -97,13 +98,17 @@ impl<'a> MessageRepr<'a> {
                         why: "the segment payload is not the 28-byte header",
                     });
                 }
-                payload = ulpdu.len()..ulpdu.len();
+                let end = header_len + READ_REQUEST_LEN;
+                payload = end..end;
                 Body::ReadRequest(ReadRequestRepr::parse(&ReadRequest::new_checked(rest)?)?)
             }
             (Opcode::Terminate, BufferModel::Untagged { mo, .. }) => {
                 single_segment(&ddp, mo, "Terminate")?;
-                payload = ulpdu.len()..ulpdu.len();
-                Body::Terminate(parse_terminate(rest)?)
+                let t = parse_terminate(rest)?;
+                // Bytes after the announced headers are not part of the message.
+                let end = header_len + t.buffer_len();
+                payload = end..end;
+                Body::Terminate(t)
             }
             _ => Body::Data,
         };

@@ -589,3 +589,20 @@ proptest! {
         let _ = ddp::UNTAGGED_HEADER_LEN;
     }
 }
+
+#[test]
+fn terminate_payload_range_ignores_trailing_bytes() {
+    // Found by the `iwarp` fuzz target: the empty payload range of a Terminate sat at the end
+    // of the ULPDU, so bytes after the announced headers changed the parsed message.
+    let mut ulpdu = message::untagged_header(Opcode::Terminate, true, 0, 1, 0).to_vec();
+    ulpdu.extend_from_slice(
+        &TerminateRepr::bare(TermCode::RDMAP_LOCAL_CATASTROPHIC)
+            .to_vec()
+            .unwrap(),
+    );
+    let longer = [&ulpdu[..], &[0x2d, 0x40]].concat();
+    let short = MessageRepr::parse(&ulpdu).unwrap();
+    let long = MessageRepr::parse(&longer).unwrap();
+    assert_eq!(long, short);
+    assert_eq!(long.payload, 22..22);
+}
