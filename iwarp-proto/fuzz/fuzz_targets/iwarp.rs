@@ -21,7 +21,8 @@ fn check_message(ulpdu: &[u8]) {
         }
     };
     let mut again = vec![0u8; m.headers_len()];
-    m.emit_headers(&mut again).expect("a parsed message re-emits");
+    m.emit_headers(&mut again)
+        .expect("a parsed message re-emits");
     again.extend_from_slice(&ulpdu[m.payload.clone()]);
     let mut want = ulpdu[..again.len()].to_vec();
     want[0] &= !0x3c; // DDP reserved bits
@@ -41,7 +42,11 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let crc = knobs & 1 != 0;
-    let max = if knobs & 2 != 0 { fpdu::MAX_ULPDU_LEN } else { usize::from(knobs) * 4 };
+    let max = if knobs & 2 != 0 {
+        fpdu::MAX_ULPDU_LEN
+    } else {
+        usize::from(knobs) * 4
+    };
     let chunk = usize::from(knobs >> 2).max(1);
 
     // The stream, as the socket might deliver it.
@@ -66,9 +71,14 @@ fuzz_target!(|data: &[u8]| {
     }
     for u in &ulpdus {
         // Framing back: same ULPDU, CRC that checks.
-        let f = FpduRepr { ulpdu: u }.to_vec(true).expect("a decoded ULPDU re-frames");
+        let f = FpduRepr { ulpdu: u }
+            .to_vec(true)
+            .expect("a decoded ULPDU re-frames");
         let view = Fpdu::new_checked(&f[..]).expect("re-framed FPDU is whole");
-        assert_eq!(FpduRepr::parse(&view, true).expect("its CRC checks").ulpdu, &u[..]);
+        assert_eq!(
+            FpduRepr::parse(&view, true).expect("its CRC checks").ulpdu,
+            &u[..]
+        );
         check_message(u);
     }
 
@@ -79,7 +89,10 @@ fuzz_target!(|data: &[u8]| {
             let _ = (r.ddp_segment_length(), r.ddp_header(), r.rdma_header());
             let again = r.to_vec().expect("a parsed Terminate re-emits");
             assert_eq!(again[4..], rest[4..again.len()]);
-            assert_eq!(TerminateRepr::parse(&Terminate::new_checked(&again[..]).unwrap()).unwrap(), r);
+            assert_eq!(
+                TerminateRepr::parse(&Terminate::new_checked(&again[..]).unwrap()).unwrap(),
+                r
+            );
         }
     }
     if let Ok(r) = ReadRequest::new_checked(rest) {
