@@ -103,6 +103,37 @@ impl FpduCrc {
     }
 }
 
+/// The pad and CRC field that end an FPDU, for a sender that writes the header, then the
+/// payload from where it lives, then these bytes (one `writev`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Trailer {
+    bytes: [u8; 7],
+    len: usize,
+}
+
+impl Trailer {
+    /// The trailer of an FPDU whose length field and ULPDU (`ulpdu_len` bytes) `crc` has
+    /// seen; with `crc_on` false the CRC field is zero.
+    pub fn new(ulpdu_len: usize, crc: &FpduCrc, crc_on: bool) -> Trailer {
+        let pad = pad_len(ulpdu_len);
+        let mut bytes = [0u8; 7];
+        if crc_on {
+            let mut c = *crc;
+            c.update_pad(ulpdu_len);
+            bytes[pad..pad + CRC_LEN].copy_from_slice(&c.to_wire());
+        }
+        Trailer {
+            bytes,
+            len: pad + CRC_LEN,
+        }
+    }
+
+    /// Pad then CRC field.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
 /// What the front of a byte stream holds, from [`frame_len`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Framing {

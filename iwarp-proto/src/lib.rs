@@ -5,12 +5,17 @@
 //! * [`mpa`] — MPA connection setup (RFC 5044, revision 2 "enhanced" as RFC 6581): the
 //!   request/reply frames with their key, M/C/R/Enhanced flags, revision, private data and the
 //!   enhanced IRD/ORD + RTR word.
-//! * [`fpdu`] — MPA Full Operation framing: ULPDU length, pad to 4 bytes, CRC32c.
+//! * [`fpdu`] — MPA Full Operation framing: ULPDU length, pad to 4 bytes, CRC32c (also
+//!   computed piecewise for zero-copy sends), MULPDU from the MSS, a stream decoder.
 //! * [`ddp`] and [`rdmap`] — DDP tagged/untagged headers (RFC 5041) and RDMAP opcodes and
-//!   headers (RFC 5040); [`terminate`] — the Terminate message.
+//!   headers (RFC 5040); [`terminate`] — the Terminate message and its error-code triples.
+//! * [`message`] — one ULPDU read as an RDMAP message (what the receive path calls per FPDU)
+//!   and the headers the send path puts in front of a payload.
 //!
 //! Everything that arrives from a peer goes through a `new_checked` view and `parse`, which
-//! return [`WireError`] and never panic, whatever the bytes.
+//! return [`WireError`] and never panic, whatever the bytes; `terminate::TermCode::for_error`
+//! turns each error into the Terminate the peer is sent. The wire format, and what vrdma emits
+//! and refuses, is in docs/protocol.md ("iWARP wire format").
 
 #![forbid(unsafe_code)]
 

@@ -62,6 +62,22 @@ fn fpdu_crc_field_holds_the_crc_lsb_first() {
 }
 
 #[test]
+fn trailer_is_what_emit_writes_after_the_ulpdu() {
+    for len in 14..22usize {
+        let ulpdu: Vec<u8> = (0..len as u8).collect();
+        for crc_on in [true, false] {
+            let whole = FpduRepr { ulpdu: &ulpdu }.to_vec(crc_on).unwrap();
+            let mut crc = FpduCrc::new();
+            crc.update(&(len as u16).to_be_bytes());
+            crc.update(&ulpdu[..3]);
+            crc.update(&ulpdu[3..]);
+            let t = fpdu::Trailer::new(len, &crc, crc_on);
+            assert_eq!(t.as_bytes(), &whole[2 + len..], "len {len} crc {crc_on}");
+        }
+    }
+}
+
+#[test]
 fn incremental_crc_equals_one_shot_with_pad() {
     let ulpdu = hex("c1 40 11223344 0102030405060708 616263");
     let bytes = FpduRepr { ulpdu: &ulpdu }.to_vec(true).unwrap();
