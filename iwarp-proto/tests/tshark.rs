@@ -2,7 +2,10 @@
 //! Ethernet / IPv4 / TCP around an enhanced MPA request and reply and FPDUs of every RDMAP
 //! opcode, CRC on, one FPDU per TCP segment) must dissect with `tshark` as `iwarp_mpa` +
 //! `iwarp_ddp_rdmap` with "Good CRC32" on every FPDU and no malformed packet or expert
-//! error; a copy with one payload byte flipped must show a bad CRC on exactly that frame.
+//! error; a copy with one payload byte flipped must show a bad CRC on exactly that frame; the
+//! same traffic with CRC negotiated off (zero CRC fields) must dissect clean with no CRC check.
+//! The MPA frames come from `iwarp_proto::mpa` and are compared with bytes written by hand
+//! from RFC 5044 / RFC 6581, so the connection-setup codec is checked by Wireshark too.
 //!
 //! Needs the `tshark` command (Debian package `tshark`, in scripts/host-packages.txt). Without
 //! it the test fails, unless `VRDMA_SKIP_TSHARK=1`, when it says loudly that it did not run.
@@ -13,6 +16,7 @@ use std::process::Command;
 
 use iwarp_proto::fpdu::FpduRepr;
 use iwarp_proto::message::{self, Body, MessageRepr};
+use iwarp_proto::mpa::{FrameKind, IrdOrd, MpaRepr};
 use iwarp_proto::rdmap::{Opcode, ReadRequestRepr};
 use iwarp_proto::terminate::{TermCode, TerminateRepr};
 
@@ -26,6 +30,8 @@ struct Capture {
     seq: [u32; 2],
     /// (frame number, what it carries) of every FPDU.
     fpdus: Vec<(usize, String)>,
+    /// CRC negotiated (both frames' C bit) and in every FPDU.
+    crc: bool,
 }
 
 fn checksum(chunks: &[&[u8]]) -> u16 {
@@ -43,7 +49,7 @@ fn checksum(chunks: &[&[u8]]) -> u16 {
 }
 
 impl Capture {
-    fn new() -> Capture {
+    fn new(crc: bool) -> Capture {
         let mut pcap = Vec::new();
         pcap.extend_from_slice(&0xa1b2_c3d4u32.to_le_bytes());
         pcap.extend_from_slice(&2u16.to_le_bytes());
@@ -57,6 +63,7 @@ impl Capture {
             frames: 0,
             seq: [1000, 5000],
             fpdus: Vec::new(),
+            crc,
         }
     }
 
@@ -125,24 +132,49 @@ impl Capture {
     fn fpdu(&mut self, forward: bool, what: &str, ulpdu: &[u8]) -> usize {
         // Every ULPDU sent here is one the receive path parses.
         MessageRepr::parse(ulpdu).unwrap_or_else(|e| panic!("{what}: {e}"));
-        let bytes = FpduRepr { ulpdu }.to_vec(true).unwrap();
+        let bytes = FpduRepr { ulpdu }.to_vec(self.crc).unwrap();
         let n = self.segment(forward, 0x18, &bytes);
         self.fpdus.push((n, what.to_string()));
         n
     }
 }
 
-/// MPA request or reply (RFC 5044 §7.1, enhanced as RFC 6581 §5): key, flags C + Enhanced,
-/// revision 2, private data = IRD/ORD word (peer-to-peer, Write RTR) + `extra`.
-fn mpa_frame(key: &[u8; 16], extra: &[u8]) -> Vec<u8> {
+/// MPA request or reply written by hand from RFC 5044 §7.1 / RFC 6581 §5: key, flags C (when
+/// `crc`) + Enhanced, revision 2, private data = IRD/ORD word (peer-to-peer, Write RTR, 16
+/// reads) + `extra`.
+fn mpa_frame_by_hand(key: &[u8; 16], crc: bool, extra: &[u8]) -> Vec<u8> {
     let mut f = key.to_vec();
-    f.push(0x40 | 0x10);
+    f.push(if crc { 0x40 } else { 0 } | 0x10);
     f.push(2);
     f.extend_from_slice(&((4 + extra.len()) as u16).to_be_bytes());
     f.extend_from_slice(&(0x8000u16 | 16).to_be_bytes()); // P + IRD 16
     f.extend_from_slice(&(0x8000u16 | 16).to_be_bytes()); // Write RTR + ORD 16
     f.extend_from_slice(extra);
     f
+}
+
+/// The same frame as connection setup (`iwarp_proto::mpa`) emits it; it must be the bytes
+/// written by hand, so Wireshark checks the codec's frames too.
+fn mpa_frame(kind: FrameKind, crc: bool, extra: &[u8]) -> Vec<u8> {
+    let repr = MpaRepr {
+        kind,
+        markers: false,
+        crc,
+        reject: false,
+        revision: 2,
+        ird_ord: Some(IrdOrd {
+            ird: 16,
+            ord: 16,
+            p2p: true,
+            rtr_b: false,
+            rtr_write: true,
+            rtr_read: false,
+        }),
+        private_data: extra,
+    };
+    let bytes = repr.to_vec().unwrap();
+    assert_eq!(bytes, mpa_frame_by_hand(kind.key(), crc, extra), "{kind:?}");
+    bytes
 }
 
 fn data_message(ddp: iwarp_proto::ddp::DdpRepr, payload: &[u8]) -> Vec<u8> {
@@ -161,13 +193,13 @@ fn with_body(op: Opcode, body: Body<'_>, msn: u32) -> Vec<u8> {
     buf
 }
 
-fn build() -> Capture {
-    let mut c = Capture::new();
+fn build(crc: bool) -> Capture {
+    let mut c = Capture::new(crc);
     c.segment(true, 0x02, &[]); // SYN
     c.segment(false, 0x12, &[]); // SYN ACK
     c.segment(true, 0x10, &[]); // ACK
-    c.segment(true, 0x18, &mpa_frame(b"MPA ID Req Frame", b"vrdma-pd"));
-    c.segment(false, 0x18, &mpa_frame(b"MPA ID Rep Frame", b""));
+    c.segment(true, 0x18, &mpa_frame(FrameKind::Request, crc, b"vrdma-pd"));
+    c.segment(false, 0x18, &mpa_frame(FrameKind::Reply, crc, b""));
 
     let payload: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
     // RTR: a zero-length RDMA Write.
@@ -363,7 +395,7 @@ fn tshark_dissects_every_fpdu_with_good_crc() {
              scripts/host-packages.txt) or set VRDMA_SKIP_TSHARK=1 to skip this check"
         );
     }
-    let capture = build();
+    let capture = build(true);
     let good = temp_pcap("good", &capture.pcap);
     let frames = dissect(&good.0);
     assert_eq!(frames.len(), capture.frames, "tshark read every frame");
@@ -445,5 +477,32 @@ fn tshark_dissects_every_fpdu_with_good_crc() {
         } else {
             assert!(f.contains("(Good CRC32)"), "frame {n} ({what}):\n{f}");
         }
+    }
+
+    // CRC negotiated off (siw's default): the same traffic with a zero CRC field dissects
+    // clean, and Wireshark, told by the frames that there is no CRC, does not check it.
+    let plain = build(false);
+    let plain_path = temp_pcap("nocrc", &plain.pcap);
+    let frames = dissect(&plain_path.0);
+    for (n, what) in &plain.fpdus {
+        let f = &frames[n - 1];
+        assert!(
+            f.contains("iwarp_mpa") && f.contains("iwarp_ddp_rdmap"),
+            "CRC off: frame {n} ({what}) not dissected:\n{f}"
+        );
+        assert!(
+            f.contains("CRC: 0x00000000"),
+            "CRC off: frame {n} ({what}):\n{f}"
+        );
+        assert!(
+            !f.contains("CRC32") && !f.contains("Malformed"),
+            "CRC off: frame {n} ({what}):\n{f}"
+        );
+    }
+    for (frame, sev, msg) in expert(&plain_path.0) {
+        assert!(
+            sev != "Error" && !msg.contains("Malformed"),
+            "CRC off: frame {frame}: {sev} {msg}"
+        );
     }
 }
