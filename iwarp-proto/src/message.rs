@@ -67,6 +67,42 @@ pub fn untagged_header(
     }
 }
 
+/// The segment payloads of a message of `len` bytes when a segment carries at most `max`
+/// payload bytes (the MULPDU less the DDP header): `(range in the message, last)`, in order.
+/// A zero-length message (an RTR, an empty Send) is one empty segment.
+pub fn segments(len: usize, max: usize) -> Segments {
+    Segments {
+        len,
+        max: max.max(1),
+        next: 0,
+        done: false,
+    }
+}
+
+/// Iterator of [`segments`].
+#[derive(Debug, Clone)]
+pub struct Segments {
+    len: usize,
+    max: usize,
+    next: usize,
+    done: bool,
+}
+
+impl Iterator for Segments {
+    type Item = (Range<usize>, bool);
+
+    fn next(&mut self) -> Option<(Range<usize>, bool)> {
+        if self.done {
+            return None;
+        }
+        let start = self.next;
+        let end = start + (self.len - start).min(self.max);
+        self.next = end;
+        self.done = end == self.len;
+        Some((start..end, self.done))
+    }
+}
+
 impl<'a> MessageRepr<'a> {
     /// Reads a ULPDU (the payload of one FPDU).
     pub fn parse(ulpdu: &'a [u8]) -> Result<MessageRepr<'a>, WireError> {

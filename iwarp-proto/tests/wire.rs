@@ -509,7 +509,38 @@ fn message_ulpdu() -> impl Strategy<Value = Vec<u8>> {
         })
 }
 
+#[test]
+fn segments_split_a_message() {
+    let v: Vec<_> = message::segments(10, 4).collect();
+    assert_eq!(v, vec![(0..4, false), (4..8, false), (8..10, true)]);
+    assert_eq!(
+        message::segments(0, 4).collect::<Vec<_>>(),
+        vec![(0..0, true)]
+    );
+    assert_eq!(
+        message::segments(8, 4).collect::<Vec<_>>(),
+        vec![(0..4, false), (4..8, true)]
+    );
+}
+
 proptest! {
+    #[test]
+    fn segmented_writes_fit_the_mss_and_cover_the_message(len in 0usize..20_000, mss in 64usize..9000) {
+        let max = fpdu::mulpdu(mss) - ddp::TAGGED_HEADER_LEN;
+        let mut covered = 0;
+        let mut n = 0;
+        for (range, last) in message::segments(len, max) {
+            prop_assert_eq!(range.start, covered);
+            covered = range.end;
+            n += 1;
+            let ulpdu_len = ddp::TAGGED_HEADER_LEN + range.len();
+            prop_assert!(fpdu::fpdu_len(ulpdu_len) <= mss);
+            prop_assert_eq!(last, covered == len);
+        }
+        prop_assert_eq!(covered, len);
+        prop_assert_eq!(n, len.div_ceil(max).max(1));
+    }
+
     #[test]
     fn ddp_repr_round_trips(repr in ddp_repr(), payload in prop::collection::vec(any::<u8>(), 0..16)) {
         let mut bytes = repr.to_vec();
