@@ -3,7 +3,8 @@
 //! ```text
 //!  0  kind u16     2 reserved u16 (0)
 //!  4  handle u32   (the QP, CQ or listener the event is about; 0 for device events)
-//!  8  detail u64   (kind-specific: an error code, a peer's QP number)
+//!  8  detail u64   (kind-specific: an error code, a peer's QP number, the connection
+//!                  request id of a `ConnectRequest`)
 //! 16  reserved [u8; 16] (0)
 //! ```
 
@@ -35,8 +36,12 @@ pub enum EventKind {
     QpEstablished = 4,
     /// A listener has a connection request waiting for `Accept`.
     ConnectRequest = 5,
-    /// The peer closed the connection of a QP.
+    /// The connection of a QP is closed (by the peer, or broken); the QP is in Error.
     QpDisconnected = 6,
+    /// The peer rejected a QP's connect; its private data can be read with `CmInfo` (QP).
+    ConnectRejected = 7,
+    /// A QP's connect reached nobody (no route, no listener, timeout).
+    ConnectUnreachable = 8,
 }
 
 impl EventKind {
@@ -48,6 +53,8 @@ impl EventKind {
             4 => Self::QpEstablished,
             5 => Self::ConnectRequest,
             6 => Self::QpDisconnected,
+            7 => Self::ConnectRejected,
+            8 => Self::ConnectUnreachable,
             _ => {
                 return Err(AbiError::Unknown {
                     what: "event kind",
