@@ -3,8 +3,7 @@
 //! ```text
 //!  0  kind u16     2 reserved u16 (0)
 //!  4  handle u32   (the QP, CQ or listener the event is about; 0 for device events)
-//!  8  detail u64   (kind-specific: an error code, a peer's QP number, the connection
-//!                  request id of a `ConnectRequest`)
+//!  8  detail u64   (kind-specific: an error code, a peer's QP number, a connection request id)
 //! 16  reserved [u8; 16] (0)
 //! ```
 
@@ -36,11 +35,13 @@ pub enum EventKind {
     QpEstablished = 4,
     /// A listener has a connection request waiting for `Accept`.
     ConnectRequest = 5,
-    /// The connection of a QP is closed (by the peer, or broken); the QP is in Error.
+    /// The peer closed the connection of a QP.
     QpDisconnected = 6,
-    /// The peer rejected a QP's connect; its private data can be read with `CmInfo` (QP).
+    /// A connect was refused: the peer rejected it (its private data is in the QP's CM info),
+    /// or nothing listens on the port.
     ConnectRejected = 7,
-    /// A QP's connect reached nobody (no route, no listener, timeout).
+    /// A connect failed without an answer: timeout, TCP refused or reset during setup, or a
+    /// protocol error in the peer's reply.
     ConnectUnreachable = 8,
 }
 
