@@ -370,6 +370,7 @@ fn a_connect_nobody_answers_is_refused_at_its_deadline_whoever_the_remote_is() {
                 port: 0,
                 addr: [0; 16],
                 remote_qpn: remote,
+                private: shared_ring::abi::control::PrivData::NONE,
             },
         }
         .to_bytes();

@@ -318,6 +318,7 @@ impl QueuePair {
             port: 0,
             addr,
             remote_qpn: remote.qp_num,
+            private: shared_ring::abi::control::PrivData::NONE,
         })?;
         Ok(())
     }
