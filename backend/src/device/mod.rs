@@ -94,8 +94,9 @@ use shared_ring::abi::cqe::CqeRepr;
 use shared_ring::abi::event::EventRepr;
 use shared_ring::SharedRegion;
 
+pub use iwarp::CrcPolicy;
 pub use shared_ring::abi::control::{access, DeviceAttrs};
-pub use soft::{default_attrs, EngineDiag, SoftDevice, MAX_DOORBELL_PAGES};
+pub use soft::{default_attrs, CmConfig, EngineDiag, PeerFilter, SoftDevice, MAX_DOORBELL_PAGES};
 pub use xen_platform::DomId;
 
 /// A channel of this device (one guest process).
@@ -446,10 +447,17 @@ pub trait Device: Send + Sync {
     //   read its address and private data with `cm_request_info`.
     // * `QpEstablished{handle: qp}` on both ends when the connection is up (the QP is in RTS).
     // * `ConnectRejected{handle: qp}` at the connecting QP when the peer rejected it (its
-    //   reject private data in `cm_qp_info`) or nothing listens on the port.
-    // * `ConnectUnreachable{handle: qp}` at the connecting QP when there is no answer: timeout,
-    //   TCP refused or reset during setup, protocol error in the peer's reply, or the stream
-    //   could not be attached to the data path.
+    //   reject private data in `cm_qp_info`), or nothing listens on the port (intra-host: no
+    //   listener; remote: TCP refused the connection — what rdma_cm reports as REJECTED too),
+    //   or the listener's backlog is full or its domain may not hear from this peer.
+    // * `ConnectUnreachable{handle: qp}` when there is no answer: timeout, TCP reset or closed
+    //   during the MPA exchange, a reply that is garbage or breaks the MPA policy (markers,
+    //   not revision 2 enhanced, no CRC under `CrcPolicy::Require`), an abandoned connect
+    //   (`cm_disconnect`), or a connection the data path could not take over (then also at
+    //   an accepting QP).
+    //
+    // Private data is at most [`MAX_PRIVATE_DATA`] bytes each way. QP numbers are not
+    // exchanged: the peer of a connection is its address.
     // * `QpDisconnected{handle: qp}` when an established connection ends (either side's
     //   `cm_disconnect`, the peer's QP destroyed, TCP closed).
     //
@@ -477,7 +485,9 @@ pub trait Device: Send + Sync {
         Err(DeviceError::NotSupported("connection manager"))
     }
     /// Connects `qp` (in Init or Rtr, not yet connecting) to a listener at `peer` with
-    /// `private_data` (at most [`MAX_PRIVATE_DATA`] bytes). The answer is an event.
+    /// `private_data` (at most [`MAX_PRIVATE_DATA`] bytes). The answer is an event. A peer
+    /// the administrator did not allow for the channel's domain is `ConnectionRefused` at
+    /// once.
     fn cm_connect(
         &self,
         ch: ChannelId,
