@@ -27,6 +27,8 @@
 //! max-listeners = 16          # listeners a domain holds, all its channels together
 //! max-connects = 16           # connects in flight (not yet established or failed)
 //! connect-timeout-ms = 10000  # a connect without an answer is unreachable after this
+//! crc = "offer"               # MPA CRC: "offer" (ask, accept a peer that declines),
+//!                             # "require" (refuse peers without it), "decline" (siw's default)
 //! # allowed-ports = [4791, "18515-18520"]      # ports a domain may listen on (default: any
 //! #                                            # port from 1024 up)
 //! # allowed-peers = ["127.0.0.0/8", "fd00::/8"] # addresses a domain may connect to and
@@ -52,6 +54,9 @@ use xen_platform::Platform;
 use crate::device::EngineConfig;
 use crate::resources::budget::BudgetLimits;
 use crate::resources::Quotas;
+
+/// The backend's address on the simulated host when the configuration names none.
+pub const SIM_DEFAULT_ADDRESS: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 
 /// Where the configuration file is looked for when `--config` is not given.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/vrdma/backend.toml";
@@ -89,6 +94,8 @@ pub struct CmSettings {
     pub max_connects: u32,
     /// How long a connect waits for the peer's answer before it is unreachable.
     pub connect_timeout_ms: u64,
+    /// MPA CRC policy of connections to and from other hosts.
+    pub crc: MpaCrc,
     /// Ports a domain may listen on (single ports or `"lo-hi"` ranges); absent: any port
     /// from 1024 up (ports below 1024 only when listed).
     pub allowed_ports: Option<Vec<PortRange>>,
@@ -105,9 +112,33 @@ impl Default for CmSettings {
             max_listeners: 16,
             max_connects: 16,
             connect_timeout_ms: 10_000,
+            crc: MpaCrc::Offer,
             allowed_ports: None,
             allowed_peers: None,
             domain: BTreeMap::new(),
+        }
+    }
+}
+
+/// `[cm] crc`: the MPA CRC policy (see [`crate::device::CrcPolicy`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MpaCrc {
+    /// Ask for CRC; accept a peer that declines.
+    #[default]
+    Offer,
+    /// Ask for CRC; refuse a peer that declines.
+    Require,
+    /// Do not ask (use it when the peer asks, as RFC 5044 requires).
+    Decline,
+}
+
+impl From<MpaCrc> for crate::device::CrcPolicy {
+    fn from(c: MpaCrc) -> Self {
+        match c {
+            MpaCrc::Offer => crate::device::CrcPolicy::Offer,
+            MpaCrc::Require => crate::device::CrcPolicy::Require,
+            MpaCrc::Decline => crate::device::CrcPolicy::Decline,
         }
     }
 }
@@ -523,6 +554,25 @@ impl Config {
             })
     }
 
+    /// The software device's connection manager: the backend's addresses `addrs` (see
+    /// [`Config::addresses`]), `[cm]`'s timeout and CRC policy, and `policy`'s allowed peers
+    /// as the filter of connects and incoming requests.
+    pub fn cm_device_config(
+        &self,
+        addrs: Vec<IpAddr>,
+        policy: std::sync::Arc<crate::control::policy::CmPolicy>,
+    ) -> crate::device::CmConfig {
+        crate::device::CmConfig {
+            addrs,
+            crc: self.cm.crc.into(),
+            connect_timeout: self.cm.connect_timeout(),
+            peer_filter: Some(std::sync::Arc::new(move |dom, peer| {
+                policy.peer_allowed(u32::from(dom.0), peer.ip())
+            })),
+            ..crate::device::CmConfig::default()
+        }
+    }
+
     /// The software device's engine settings.
     pub fn engine(&self) -> EngineConfig {
         EngineConfig {
@@ -598,6 +648,7 @@ mod tests {
             address = ["127.0.0.2", "::ffff:127.0.0.3"]
             [cm]
             max-listeners = 4
+            crc = "decline"
             allowed-ports = [4791, "5000-5009"]
             allowed-peers = ["127.0.0.0/8", "fd00::/8"]
             [cm.domain.7]
@@ -627,6 +678,16 @@ mod tests {
         assert!(seven.port_allowed(6001) && !seven.port_allowed(4791));
         assert!(seven.peer_allowed("127.0.0.3".parse().unwrap()));
         assert!(!seven.peer_allowed("127.0.0.2".parse().unwrap()));
+        assert_eq!(c.cm.crc, MpaCrc::Decline);
+        // The device's peer filter is the policy's.
+        let policy = std::sync::Arc::new(crate::control::policy::CmPolicy::new(c.cm.clone()));
+        let dev = c.cm_device_config(c.addresses(&[]), policy);
+        assert_eq!(dev.crc, crate::device::CrcPolicy::Decline);
+        let dom = |d: u16| xen_platform::DomId(d);
+        assert!(dev.allows(dom(3), "127.0.0.9:1".parse().unwrap()));
+        assert!(!dev.allows(dom(3), "10.0.0.1:1".parse().unwrap()));
+        assert!(!dev.allows(dom(7), "127.0.0.2:1".parse().unwrap()));
+        assert!(dev.allows(dom(7), "[::ffff:127.0.0.3]:1".parse().unwrap()));
         // Without a list: any peer, ports from 1024 up.
         let open = Config::default().cm.rules(1);
         assert!(open.port_allowed(1024) && !open.port_allowed(1023));
@@ -648,6 +709,7 @@ mod tests {
             ("[cm]\nconnect-timeout-ms = 0", "connect-timeout-ms"),
             ("address = [\"0.0.0.0\"]", "address"),
             ("[cm]\nmax-listener = 1", "max-listener"),
+            ("[cm]\ncrc = \"maybe\"", "maybe"),
         ] {
             let e = Config::parse(text, "f.toml").unwrap_err().to_string();
             assert!(e.contains(needle), "{text}: {e}");

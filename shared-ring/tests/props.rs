@@ -309,6 +309,8 @@ proptest! {
                 remote_addr: [len; 16],
                 remote_port: port ^ 1,
                 private_len: len,
+                ird: port ^ 2,
+                ord: port ^ 3,
             })),
             _ => (Op::CmPage, Reply::CmPage { gref: h, slots: u32::from(CM_SLOTS), slot_len: 256 }),
         };

@@ -32,6 +32,9 @@ pub mod result {
     pub const CM_LOCAL_PORT: usize = 44;
     pub const CM_REMOTE_PORT: usize = 46;
     pub const CM_PRIVATE_LEN: usize = 48;
+    /// `CmInfo`: the peer's IRD and ORD (RDMA Reads outstanding; negotiated once established).
+    pub const CM_IRD: usize = 50;
+    pub const CM_ORD: usize = 52;
     /// `CmPage`: the grant of the channel's CM page, its slots and their size.
     pub const CM_PAGE_GREF: usize = 12;
     pub const CM_PAGE_SLOTS: usize = 16;
@@ -126,6 +129,8 @@ pub struct CmInfoReply {
     pub remote_addr: [u8; 16],
     pub remote_port: u16,
     pub private_len: u8,
+    pub ird: u16,
+    pub ord: u16,
 }
 
 /// The result of a successful request.
@@ -259,6 +264,8 @@ impl ResponseRepr {
                     remote_addr: get_addr(b, result::CM_REMOTE_ADDR),
                     remote_port: get_u16(b, result::CM_REMOTE_PORT),
                     private_len: get_u8(b, result::CM_PRIVATE_LEN),
+                    ird: get_u16(b, result::CM_IRD),
+                    ord: get_u16(b, result::CM_ORD),
                 }),
                 Op::CmPage => Reply::CmPage {
                     gref: get_u32(b, result::CM_PAGE_GREF),
@@ -380,6 +387,8 @@ impl ResponseRepr {
                 set_u16(b, result::CM_LOCAL_PORT, i.local_port);
                 set_u16(b, result::CM_REMOTE_PORT, i.remote_port);
                 set_u8(b, result::CM_PRIVATE_LEN, i.private_len);
+                set_u16(b, result::CM_IRD, i.ird);
+                set_u16(b, result::CM_ORD, i.ord);
             }
             (
                 Op::CmPage,
@@ -550,10 +559,15 @@ mod tests {
                 remote_addr: [3; 16],
                 remote_port: 4,
                 private_len: 255,
+                ird: 5,
+                ord: 6,
             }),
         };
         let mut b = i.to_bytes();
-        assert_eq!((b[12], b[28], b[44], b[46], b[48]), (1, 3, 2, 4, 255));
+        assert_eq!(
+            (b[12], b[28], b[44], b[46], b[48], b[50], b[52]),
+            (1, 3, 2, 4, 255, 5, 6)
+        );
         assert_eq!(ResponseRepr::parse(&b).unwrap(), i);
         b[49] = 1;
         assert!(matches!(
