@@ -432,3 +432,88 @@ fn read_frame(s: &mut TcpStream) -> Vec<u8> {
     h.extend_from_slice(&rest);
     h
 }
+
+#[test]
+fn accepting_a_requester_that_left_init_pairs_nothing() {
+    let dev = device(A);
+    let mut s = end(&dev, 1);
+    let mut c = end(&dev, 2);
+    let (l, addr) = listen(&dev, &s.ch, A);
+    dev.cm_connect(c.ch.id, c.qp.num, addr, b"").unwrap();
+    let req = request(event(&mut s.ch), l);
+    dev.modify_qp(c.ch.id, c.qp.num, QpState::Error).unwrap();
+    assert!(matches!(
+        dev.cm_accept(s.ch.id, req, s.qp.num, b""),
+        Err(DeviceError::ConnectionRefused(..))
+    ));
+    assert_eq!(dev.qp_state(c.ch.id, c.qp.num).unwrap(), QpState::Error);
+    assert_eq!(dev.qp_state(s.ch.id, s.qp.num).unwrap(), QpState::Init);
+    no_event(&mut s.ch);
+    assert!(c
+        .ch
+        .take_events()
+        .iter()
+        .all(|e| e.kind != EventKind::QpEstablished));
+}
+
+/// Accept between two devices: the MPA exchange carries the private data both ways (the CM
+/// info of both QPs says so whatever the data path then does with the stream: with it the
+/// QPs get `QpEstablished`, without it — the placeholder that refuses — `ConnectUnreachable`).
+#[test]
+fn remote_accept_exchanges_private_data_both_ways() {
+    let dev_a = device(A);
+    let dev_b = device(B);
+    let mut s = end(&dev_b, 1);
+    let mut c = end(&dev_a, 1);
+    let (l, addr) = listen(&dev_b, &s.ch, B);
+    dev_a.cm_connect(c.ch.id, c.qp.num, addr, b"ping").unwrap();
+    let req = request(event(&mut s.ch), l);
+    dev_b.cm_accept(s.ch.id, req, s.qp.num, b"pong").unwrap();
+    for e in [&mut c, &mut s] {
+        let ev = event(&mut e.ch);
+        assert_eq!(ev.handle, e.qp.num.0);
+        assert!(
+            matches!(
+                ev.kind,
+                EventKind::QpEstablished | EventKind::ConnectUnreachable
+            ),
+            "{ev:?}"
+        );
+    }
+    let ci = dev_a.cm_qp_info(c.ch.id, c.qp.num).unwrap();
+    assert_eq!(ci.private_data, b"pong");
+    assert_eq!(ci.peer, addr);
+    assert_eq!(ci.local.ip(), A);
+    assert_ne!(ci.local.port(), 0);
+    let si = dev_b.cm_qp_info(s.ch.id, s.qp.num).unwrap();
+    assert_eq!(si.private_data, b"ping");
+    assert_eq!(si.peer, ci.local);
+    assert_eq!(si.local, addr);
+}
+
+#[test]
+fn closing_a_channel_abandons_its_remote_connects() {
+    let dev_a = device(A);
+    let l = TcpListener::bind(SocketAddr::new(B, 0)).unwrap();
+    let addr = l.local_addr().unwrap();
+    let c = end(&dev_a, 1);
+    dev_a.cm_connect(c.ch.id, c.qp.num, addr, b"").unwrap();
+    let (mut s, _) = l.accept().unwrap();
+    s.set_read_timeout(Some(HANG)).unwrap();
+    let _ = read_frame(&mut s);
+    dev_a.close_channel(c.ch.id);
+    assert_eq!(s.read(&mut [0u8; 1]).unwrap_or(0), 0, "TCP closed");
+}
+
+#[test]
+fn a_qp_the_cm_connects_cannot_also_be_paired_by_number() {
+    let dev = device(A);
+    let s = end(&dev, 1);
+    let c = end(&dev, 2);
+    let (_, addr) = listen(&dev, &s.ch, A);
+    dev.cm_connect(c.ch.id, c.qp.num, addr, b"").unwrap();
+    assert!(matches!(
+        dev.connect_qp(c.ch.id, c.qp.num, s.qp.num),
+        Err(DeviceError::ConnectionRefused(..))
+    ));
+}

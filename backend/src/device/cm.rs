@@ -106,6 +106,13 @@ pub(super) struct CmTables {
     conns: HashMap<ConnId, ConnUse>,
 }
 
+impl CmTables {
+    /// Whether the connection manager is connecting or has connected `qp`.
+    pub(super) fn has_qp(&self, qp: QpNum) -> bool {
+        self.qps.contains_key(&qp)
+    }
+}
+
 struct Listener {
     ch: ChannelId,
     domid: DomId,
@@ -459,8 +466,19 @@ impl SoftDevice {
         };
         match r.from {
             Origin::Local(init) => {
-                let Some(iq) = t.qps.get(&init).cloned() else {
-                    return Err(bad("connection request", req.0));
+                let iq = t.qps.get(&init).cloned().filter(|iq| {
+                    matches!(iq.state(), QpState::Reset | QpState::Init | QpState::Rtr)
+                        && lock(&iq.send).peer_num.is_none()
+                });
+                let Some(iq) = iq else {
+                    // The requester gave up (its QP left Init): nothing to pair with.
+                    if let Some(c) = t.cm.qps.get_mut(&init) {
+                        c.phase = Phase::Ended;
+                    }
+                    return Err(DeviceError::ConnectionRefused(
+                        qp.0,
+                        "the requester went away",
+                    ));
                 };
                 if let Some(icm) = t.cm.qps.get_mut(&init) {
                     icm.phase = Phase::Connected;

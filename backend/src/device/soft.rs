@@ -758,6 +758,12 @@ impl Device for SoftDevice {
         if !matches!(q.state(), QpState::Reset | QpState::Init | QpState::Rtr) {
             return Err(DeviceError::ConnectionRefused(qp.0, "QP is not in Init"));
         }
+        if t.cm.has_qp(qp) {
+            return Err(DeviceError::ConnectionRefused(
+                qp.0,
+                "QP is connected by the connection manager",
+            ));
+        }
         let mut s = lock(&q.send);
         if s.peer_num.is_some() {
             return Err(DeviceError::ConnectionRefused(

@@ -869,7 +869,8 @@ impl Conn {
             }
         };
         if r.markers {
-            // RFC 5044 §7.1: a responder that cannot send markers rejects (R=1, M=0).
+            // The initiator wants markers, which this end never sends: MPA reject (R=1, M=0),
+            // as siw answers it.
             return refuse(self, "markers", req);
         }
         if !(1..=2).contains(&r.revision) || (r.revision == 1 && r.ird_ord.is_some()) {
