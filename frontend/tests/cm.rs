@@ -36,13 +36,17 @@ struct Host {
 
 impl Host {
     fn start() -> Host {
+        Host::start_with(CONFIG)
+    }
+
+    fn start_with(config: &str) -> Host {
         let tmp = tempfile::Builder::new()
             .prefix("vcm")
             .tempdir_in("/tmp")
             .unwrap();
         let host = SimHost::start(SimHostConfig::new(tmp.path())).unwrap();
         let p0 = platform(&host, DomId::DOM0);
-        let config = Config::parse(CONFIG, "test").unwrap();
+        let config = Config::parse(config, "test").unwrap();
         let policy = Arc::new(CmPolicy::new(config.cm.clone()));
         let addrs = config.addresses(&[]);
         let device: Arc<dyn Device> = Arc::new(
@@ -76,6 +80,10 @@ impl Host {
 
     fn guest(&self, name: &str, mode: Mode) -> Context {
         let d = self.host.create_domain(Some(name), None).unwrap();
+        self.open(d, mode)
+    }
+
+    fn open(&self, d: DomId, mode: Mode) -> Context {
         let dom0 = platform(&self.host, DomId::DOM0).xenstore().unwrap();
         vrdma_backend::toolstack::attach_device(&dom0, u32::from(d.0), 0, 0, &Quotas::default())
             .unwrap();
@@ -264,4 +272,89 @@ fn an_unanswered_request_and_a_dropped_listener_leave_nothing_behind() {
     // The port is free again (for another domain too).
     let again = b.listen(port, 1).unwrap();
     assert_eq!(again.local_addr().port(), port);
+}
+
+#[test]
+fn a_destroyed_guest_gives_its_port_back() {
+    let host = Host::start();
+    let da = host.host.create_domain(Some("a"), None).unwrap();
+    let a = host.open(da, Mode::Bypass);
+    let b = host.guest("b", Mode::Bypass);
+    let listener = a.listen(0, 4).unwrap();
+    let port = listener.local_addr().port();
+    assert_eq!(
+        b.listen(port, 1).unwrap_err().status(),
+        Some(Status::AddressInUse)
+    );
+    // The guest's domain goes away with its listener open: the backend reclaims the channel
+    // and the device closes the listener.
+    host.host.destroy_domain(da).unwrap();
+    let deadline = std::time::Instant::now() + T;
+    let again = loop {
+        match b.listen(port, 1) {
+            Ok(l) => break l,
+            Err(e) if e.status() == Some(Status::AddressInUse) => {
+                assert!(std::time::Instant::now() < deadline, "the port stays taken");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(again.local_addr().port(), port);
+    drop((listener, a)); // their domain is gone: nothing to close
+}
+
+/// Two simulated hosts (two backends, 127.0.0.2 and 127.0.0.3): the connect request, its
+/// private data and the reject's cross the MPA exchange; each host's `allowed-peers` holds.
+#[test]
+fn between_two_hosts_requests_and_rejects_carry_private_data_and_peers_are_filtered() {
+    let h2 = Host::start_with(
+        "address = [\"127.0.0.2\"]\n[cm]\nconnect-timeout-ms = 5000\n[cm.domain.2]\nallowed-peers = [\"127.0.0.2\"]",
+    );
+    let h3 = Host::start_with(
+        "address = [\"127.0.0.3\"]\n[cm]\nconnect-timeout-ms = 5000\nallowed-peers = [\"127.0.0.2\"]",
+    );
+    let a = h2.guest("a", Mode::Bypass); // domain 1 on host 2: any peer
+    let c = h2.guest("c", Mode::Bypass); // domain 2 on host 2: only its own host
+    let b = h3.guest("b", Mode::Bypass); // on host 3: only host 2
+    assert_eq!(b.backend_addr(), Some("127.0.0.3".parse().unwrap()));
+    let listener = a.listen(0, 4).unwrap();
+    let at = listener.local_addr();
+    let pb = b.alloc_pd().unwrap();
+    let cb = b.create_cq(16).unwrap();
+    let mut qb = pb.create_qp(&cb, &cb).build().unwrap();
+    let r = std::thread::scope(|s| {
+        let active = s.spawn(|| qb.connect_to(at, b"from host 3", T));
+        let req = listener.get_request(Some(T)).unwrap();
+        assert_eq!(req.private_data(), b"from host 3");
+        assert_eq!(
+            req.peer().ip(),
+            "127.0.0.3".parse::<std::net::IpAddr>().unwrap()
+        );
+        req.reject(b"not today").unwrap();
+        active.join().unwrap()
+    });
+    match r {
+        Err(Error::ConnectRejected { peer, private_data }) => {
+            assert_eq!((peer, &private_data[..]), (at, &b"not today"[..]))
+        }
+        r => panic!("a rejected connect: {r:?}"),
+    }
+    // Host 3's domain may reach host 2 only: a listener of its own host is not allowed.
+    let local = b.listen(0, 1).unwrap();
+    let mut qb2 = pb.create_qp(&cb, &cb).build().unwrap();
+    let e = qb2.connect_to(local.local_addr(), b"", T).unwrap_err();
+    assert_eq!(e.status(), Some(Status::NotPermitted), "{e}");
+    // Domain 2 of host 2 may not hear from host 3: its listener never sees the request,
+    // and the connecting side is rejected.
+    let lc = c.listen(0, 4).unwrap();
+    let mut qb3 = pb.create_qp(&cb, &cb).build().unwrap();
+    match qb3.connect_to(lc.local_addr(), b"let me in", T) {
+        Err(Error::ConnectRejected { .. }) => {}
+        r => panic!("a connect the peer filter refuses: {r:?}"),
+    }
+    assert!(matches!(
+        lc.get_request(Some(Duration::from_millis(200))),
+        Err(Error::Timeout { .. })
+    ));
 }
