@@ -292,25 +292,37 @@ impl Listener {
 
     /// The next connection request, waiting up to `timeout` (forever with `None`); no request
     /// in time is [`Error::Timeout`].
+    /// A request whose peer gave up before it was read is skipped.
     pub fn get_request(&self, timeout: Option<Duration>) -> Result<ConnRequest> {
         let chan = &self.ctx.chan;
         let handle = self.handle;
+        let deadline = deadline_of(timeout);
         let pick = move |e: &AsyncEvent| e.kind == EventKind::ConnectRequest && e.handle == handle;
-        let Some(ev) = chan.wait_event(&pick, deadline_of(timeout))? else {
-            return Err(Error::Timeout {
-                what: format!("a connection request at {}", self.addr),
-                timeout_ms: timeout.unwrap_or_default().as_millis() as u64,
-            });
-        };
-        let id = u32::try_from(ev.detail)
-            .map_err(|_| Error::protocol(format!("connection request id {}", ev.detail)))?;
-        let info = info(&self.ctx, CmTarget::Request(id))?;
-        Ok(ConnRequest {
-            ctx: self.ctx.clone(),
-            id,
-            info,
-            answered: false,
-        })
+        loop {
+            let Some(ev) = chan.wait_event(&pick, deadline)? else {
+                return Err(Error::Timeout {
+                    what: format!("a connection request at {}", self.addr),
+                    timeout_ms: timeout.unwrap_or_default().as_millis() as u64,
+                });
+            };
+            let id = u32::try_from(ev.detail)
+                .map_err(|_| Error::protocol(format!("connection request id {}", ev.detail)))?;
+            match info(&self.ctx, CmTarget::Request(id)) {
+                Ok(info) => {
+                    return Ok(ConnRequest {
+                        ctx: self.ctx.clone(),
+                        id,
+                        info,
+                        answered: false,
+                    })
+                }
+                // Withdrawn (the peer closed or timed out) before we looked.
+                Err(e) if e.status() == Some(shared_ring::abi::control::Status::BadHandle) => {
+                    tracing::debug!(listener = handle, request = id, "request withdrawn: {e}");
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 }
 

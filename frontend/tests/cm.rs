@@ -267,6 +267,12 @@ fn an_unanswered_request_and_a_dropped_listener_leave_nothing_behind() {
         listener.get_request(Some(Duration::from_millis(50))),
         Err(Error::Timeout { .. })
     ));
+    // A connect nobody answers in time is a timeout (and abandoned).
+    let mut qb2 = pb.create_qp(&cb, &cb).build().unwrap();
+    match qb2.connect_to(at, b"y", Duration::from_millis(300)) {
+        Err(Error::Timeout { .. }) => {}
+        r => panic!("an unanswered connect: {r:?}"),
+    }
     let port = at.port();
     drop(listener);
     // The port is free again (for another domain too).
