@@ -576,6 +576,29 @@ fn connect_quota_counts_connects_in_flight() {
     // Destroying a connecting QP gives its connect back.
     assert_eq!(a.status(Request::DestroyQp { qp: q2 }), Status::Ok);
     assert_eq!(b.policy.usage(b.domid).connects, 0);
+
+    // The quota is the domain's: a connect of one channel that is over is given back by
+    // that channel's thread (it polls while connects are in flight), not by the next connect
+    // of another channel.
+    let q3 = a.qp();
+    let mut c = b.channel(1);
+    let q4 = c.qp();
+    assert_eq!(a.connect(q3, "127.0.0.3", 4791, PrivData::NONE), Status::Ok);
+    assert_eq!(
+        c.connect(q4, "127.0.0.3", 4791, PrivData::NONE),
+        Status::QuotaExceeded
+    );
+    assert_eq!(
+        a.status(Request::ModifyQp {
+            qp: q3,
+            state: QpState::Error
+        }),
+        Status::Ok
+    );
+    assert!(a.svc.has_pending(), "a connect in flight wants polling");
+    assert!(a.svc.poll_pending().is_empty(), "nothing to answer");
+    assert!(!a.svc.has_pending());
+    assert_eq!(c.connect(q4, "127.0.0.3", 4791, PrivData::NONE), Status::Ok);
 }
 
 #[test]

@@ -237,9 +237,13 @@ impl ControlService {
         self.ch
     }
 
-    /// Whether `Connect`s are waiting for their QP.
+    /// Whether `Connect`s are waiting for their QP, or connection-manager connects are in
+    /// flight (call [`ControlService::poll_pending`] then).
     pub fn has_pending(&self) -> bool {
-        !self.pending.is_empty()
+        // Connection-manager connects too: [`ControlService::poll_pending`] gives their
+        // `max-connects` count back once they are over (the device's events wake the
+        // channel's thread, which calls it).
+        !self.pending.is_empty() || !self.cm_connects.is_empty()
     }
 
     /// Handles one request slot; `None` when the answer is deferred (see
