@@ -19,8 +19,27 @@
 //! # granted-pages = 16384     # default: the platform's grant limit (gntalloc `limit`)
 //! mapped-pages = 131072       # guest pages mapped (MRs), all guests together
 //! maptrack-entries = 524288   # dom0's maptrack: gnttab_max_maptrack_frames × 512
+//!
+//! address = ["127.0.0.2"]     # the backend's address(es); default: 127.0.0.1 on the
+//!                             # simulated host, none (intra-host only) on real Xen
+//!
+//! [cm]                        # connection management, per guest domain
+//! max-listeners = 16          # listeners a domain holds, all its channels together
+//! max-connects = 16           # connects in flight (not yet established or failed)
+//! connect-timeout-ms = 10000  # a connect without an answer is unreachable after this
+//! crc = "offer"               # MPA CRC: "offer" (ask, accept a peer that declines),
+//!                             # "require" (refuse peers without it), "decline" (siw's default)
+//! # allowed-ports = [4791, "18515-18520"]      # ports a domain may listen on (default: any
+//! #                                            # port from 1024 up)
+//! # allowed-peers = ["127.0.0.0/8", "fd00::/8"] # addresses a domain may connect to and
+//! #                                            # accept from (default: any)
+//!
+//! [cm.domain.7]               # domain 7: any [cm] key but the timeout, overriding [cm]
+//! allowed-ports = ["5000-5009"]
 //! ```
 
+use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::path::Path;
 use std::time::Duration;
 
@@ -35,6 +54,9 @@ use xen_platform::Platform;
 use crate::device::EngineConfig;
 use crate::resources::budget::BudgetLimits;
 use crate::resources::Quotas;
+
+/// The backend's address on the simulated host when the configuration names none.
+pub const SIM_DEFAULT_ADDRESS: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 
 /// Where the configuration file is looked for when `--config` is not given.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/vrdma/backend.toml";
@@ -53,6 +75,278 @@ pub struct Config {
     pub quotas: Quotas,
     /// Host-wide page budgets.
     pub host: HostConfig,
+    /// The backend's addresses (the software device's, for connection management): the
+    /// first is published to guests (XenStore `address`). Empty: the platform's default
+    /// ([`Config::addresses`]).
+    pub address: Vec<IpAddr>,
+    /// Connection management: per-domain quotas, allowed ports and peers.
+    pub cm: CmSettings,
+}
+
+/// `[cm]`: what a guest domain may do with the connection manager. The keys are defaults;
+/// `[cm.domain.<domid>]` overrides any of them for one domain.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct CmSettings {
+    /// Listeners one domain may hold (all its devices and channels together).
+    pub max_listeners: u32,
+    /// Connects one domain may have in flight (issued, not yet established or failed).
+    pub max_connects: u32,
+    /// How long a connect waits for the peer's answer before it is unreachable.
+    pub connect_timeout_ms: u64,
+    /// MPA CRC policy of connections to and from other hosts.
+    pub crc: MpaCrc,
+    /// Ports a domain may listen on (single ports or `"lo-hi"` ranges); absent: any port
+    /// from 1024 up (ports below 1024 only when listed).
+    pub allowed_ports: Option<Vec<PortRange>>,
+    /// Addresses (or `addr/prefix` networks) a domain may connect to and accept connections
+    /// from; absent: any.
+    pub allowed_peers: Option<Vec<IpNet>>,
+    /// Per-domain overrides, by domain id.
+    pub domain: BTreeMap<String, CmDomainSettings>,
+}
+
+impl Default for CmSettings {
+    fn default() -> Self {
+        CmSettings {
+            max_listeners: 16,
+            max_connects: 16,
+            connect_timeout_ms: 10_000,
+            crc: MpaCrc::Offer,
+            allowed_ports: None,
+            allowed_peers: None,
+            domain: BTreeMap::new(),
+        }
+    }
+}
+
+/// `[cm] crc`: the MPA CRC policy (see [`crate::device::CrcPolicy`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MpaCrc {
+    /// Ask for CRC; accept a peer that declines.
+    #[default]
+    Offer,
+    /// Ask for CRC; refuse a peer that declines.
+    Require,
+    /// Do not ask (use it when the peer asks, as RFC 5044 requires).
+    Decline,
+}
+
+impl From<MpaCrc> for crate::device::CrcPolicy {
+    fn from(c: MpaCrc) -> Self {
+        match c {
+            MpaCrc::Offer => crate::device::CrcPolicy::Offer,
+            MpaCrc::Require => crate::device::CrcPolicy::Require,
+            MpaCrc::Decline => crate::device::CrcPolicy::Decline,
+        }
+    }
+}
+
+/// `[cm.domain.<domid>]`: the keys that override `[cm]` for one domain.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct CmDomainSettings {
+    pub max_listeners: Option<u32>,
+    pub max_connects: Option<u32>,
+    pub allowed_ports: Option<Vec<PortRange>>,
+    pub allowed_peers: Option<Vec<IpNet>>,
+}
+
+/// The connection-management rules of one domain (`[cm]` with its `[cm.domain.<domid>]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CmRules {
+    pub max_listeners: u32,
+    pub max_connects: u32,
+    pub allowed_ports: Option<Vec<PortRange>>,
+    pub allowed_peers: Option<Vec<IpNet>>,
+}
+
+/// Lowest port a domain may listen on when `allowed-ports` does not list it.
+pub const FIRST_UNPRIVILEGED_PORT: u16 = 1024;
+
+impl CmRules {
+    /// Whether the domain may listen on `port` (not 0).
+    pub fn port_allowed(&self, port: u16) -> bool {
+        match &self.allowed_ports {
+            Some(list) => list.iter().any(|r| r.contains(port)),
+            None => port >= FIRST_UNPRIVILEGED_PORT,
+        }
+    }
+
+    /// Whether the domain may connect to, or accept a connection from, `ip`.
+    pub fn peer_allowed(&self, ip: IpAddr) -> bool {
+        match &self.allowed_peers {
+            Some(list) => list.iter().any(|n| n.contains(ip)),
+            None => true,
+        }
+    }
+}
+
+impl CmSettings {
+    /// The rules of domain `domid`.
+    pub fn rules(&self, domid: u32) -> CmRules {
+        let o = self.domain.get(&domid.to_string());
+        CmRules {
+            max_listeners: o
+                .and_then(|o| o.max_listeners)
+                .unwrap_or(self.max_listeners),
+            max_connects: o.and_then(|o| o.max_connects).unwrap_or(self.max_connects),
+            allowed_ports: o
+                .and_then(|o| o.allowed_ports.clone())
+                .or_else(|| self.allowed_ports.clone()),
+            allowed_peers: o
+                .and_then(|o| o.allowed_peers.clone())
+                .or_else(|| self.allowed_peers.clone()),
+        }
+    }
+
+    /// The connect timeout.
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        for key in self.domain.keys() {
+            if key.parse::<u16>().is_err() {
+                return Err(format!(
+                    "[cm.domain.{key}]: {key:?} is not a domain id (0..=65535)"
+                ));
+            }
+        }
+        if self.connect_timeout_ms == 0 || self.connect_timeout_ms > 3_600_000 {
+            return Err("[cm] connect-timeout-ms must be between 1 and 3600000 (1 h)".into());
+        }
+        Ok(())
+    }
+}
+
+/// A port or an inclusive range of ports: `4791` or `"5000-5009"` in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "PortSpec", into = "PortSpec")]
+pub struct PortRange {
+    pub first: u16,
+    pub last: u16,
+}
+
+impl PortRange {
+    pub fn contains(&self, port: u16) -> bool {
+        (self.first..=self.last).contains(&port)
+    }
+    /// The ports of the range, first to last.
+    pub fn ports(&self) -> impl Iterator<Item = u16> {
+        self.first..=self.last
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum PortSpec {
+    One(u16),
+    Text(String),
+}
+
+impl TryFrom<PortSpec> for PortRange {
+    type Error = String;
+    fn try_from(s: PortSpec) -> Result<PortRange, String> {
+        let (first, last) = match s {
+            PortSpec::One(p) => (p, p),
+            PortSpec::Text(t) => {
+                let port = |x: &str| {
+                    x.trim()
+                        .parse::<u16>()
+                        .map_err(|_| format!("{t:?} is not a port or a range lo-hi"))
+                };
+                match t.split_once('-') {
+                    Some((a, b)) => (port(a)?, port(b)?),
+                    None => (port(&t)?, port(&t)?),
+                }
+            }
+        };
+        if first == 0 || first > last {
+            return Err(format!(
+                "port range {first}-{last} is empty or includes port 0"
+            ));
+        }
+        Ok(PortRange { first, last })
+    }
+}
+
+impl From<PortRange> for PortSpec {
+    fn from(r: PortRange) -> PortSpec {
+        if r.first == r.last {
+            PortSpec::One(r.first)
+        } else {
+            PortSpec::Text(format!("{}-{}", r.first, r.last))
+        }
+    }
+}
+
+/// An address or a network (`"127.0.0.0/8"`, `"::1"`). IPv4-mapped IPv6 addresses count as
+/// IPv4.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct IpNet {
+    pub addr: IpAddr,
+    pub prefix: u8,
+}
+
+/// `ip` with an IPv4-mapped IPv6 address turned into IPv4.
+pub fn canonical_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .map(IpAddr::V4)
+            .unwrap_or(IpAddr::V6(v6)),
+        v4 => v4,
+    }
+}
+
+impl IpNet {
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.addr, canonical_ip(ip)) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(n) & mask == u32::from(a) & mask
+            }
+            (IpAddr::V6(n), IpAddr::V6(a)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(n) & mask == u128::from(a) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+impl TryFrom<String> for IpNet {
+    type Error = String;
+    fn try_from(s: String) -> Result<IpNet, String> {
+        let bad = || format!("{s:?} is not an address or addr/prefix");
+        let (a, p) = match s.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s.as_str(), None),
+        };
+        let addr = canonical_ip(a.trim().parse::<IpAddr>().map_err(|_| bad())?);
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match p {
+            Some(p) => p.trim().parse::<u8>().map_err(|_| bad())?,
+            None => max,
+        };
+        if prefix > max {
+            return Err(format!("{s:?}: prefix {prefix} is longer than {max}"));
+        }
+        Ok(IpNet { addr, prefix })
+    }
+}
+
+impl From<IpNet> for String {
+    fn from(n: IpNet) -> String {
+        format!("{}/{}", n.addr, n.prefix)
+    }
 }
 
 /// The host-wide page budgets (`[host]`), split fairly among guest domains: one domain may
@@ -146,6 +440,8 @@ impl Default for Config {
             spin_before_sleep_us: 200,
             quotas: Quotas::default(),
             host: HostConfig::default(),
+            address: Vec::new(),
+            cm: CmSettings::default(),
         }
     }
 }
@@ -220,7 +516,27 @@ impl Config {
             }),
         };
         self.host.budget(&unknown_host).map_err(|e| invalid(&e))?;
+        self.cm.validate().map_err(|e| invalid(&e))?;
+        if self
+            .address
+            .iter()
+            .any(|a| a.is_unspecified() || a.is_multicast())
+        {
+            return Err(invalid(
+                "address: every address must be a unicast address of this host",
+            ));
+        }
         Ok(())
+    }
+
+    /// The backend's addresses: `address`, or `default` (the platform's: 127.0.0.1 on the
+    /// simulated host) when the file names none.
+    pub fn addresses(&self, default: &[IpAddr]) -> Vec<IpAddr> {
+        if self.address.is_empty() {
+            default.to_vec()
+        } else {
+            self.address.iter().copied().map(canonical_ip).collect()
+        }
     }
 
     /// The host page budgets on this host, or the configuration refused because it
@@ -236,6 +552,25 @@ impl Config {
                 path: origin.to_owned(),
                 what,
             })
+    }
+
+    /// The software device's connection manager: the backend's addresses `addrs` (see
+    /// [`Config::addresses`]), `[cm]`'s timeout and CRC policy, and `policy`'s allowed peers
+    /// as the filter of connects and incoming requests.
+    pub fn cm_device_config(
+        &self,
+        addrs: Vec<IpAddr>,
+        policy: std::sync::Arc<crate::control::policy::CmPolicy>,
+    ) -> crate::device::CmConfig {
+        crate::device::CmConfig {
+            addrs,
+            crc: self.cm.crc.into(),
+            connect_timeout: self.cm.connect_timeout(),
+            peer_filter: Some(std::sync::Arc::new(move |dom, peer| {
+                policy.peer_allowed(u32::from(dom.0), peer.ip())
+            })),
+            ..crate::device::CmConfig::default()
+        }
     }
 
     /// The software device's engine settings.
@@ -305,5 +640,79 @@ mod tests {
         assert!(e.to_string().contains("engine-thread"), "{e}");
         let e = Config::parse("engine-threads = 0", "f.toml").unwrap_err();
         assert!(e.to_string().contains("engine-threads"), "{e}");
+    }
+
+    #[test]
+    fn cm_rules_default_and_per_domain_override() {
+        let text = r#"
+            address = ["127.0.0.2", "::ffff:127.0.0.3"]
+            [cm]
+            max-listeners = 4
+            crc = "decline"
+            allowed-ports = [4791, "5000-5009"]
+            allowed-peers = ["127.0.0.0/8", "fd00::/8"]
+            [cm.domain.7]
+            max-connects = 1
+            allowed-ports = ["6000-6001"]
+            allowed-peers = ["127.0.0.3"]
+        "#;
+        let c = Config::parse(text, "t").unwrap();
+        assert_eq!(
+            c.addresses(&[]),
+            vec![
+                "127.0.0.2".parse::<IpAddr>().unwrap(),
+                "127.0.0.3".parse().unwrap()
+            ]
+        );
+        let d = c.cm.rules(3);
+        assert_eq!((d.max_listeners, d.max_connects), (4, 16));
+        assert!(d.port_allowed(4791) && d.port_allowed(5009));
+        assert!(!d.port_allowed(5010) && !d.port_allowed(6000));
+        assert!(d.peer_allowed("127.9.9.9".parse().unwrap()));
+        assert!(d.peer_allowed("::ffff:127.0.0.1".parse().unwrap()));
+        assert!(d.peer_allowed("fd12::1".parse().unwrap()));
+        assert!(!d.peer_allowed("10.0.0.1".parse().unwrap()));
+        assert!(!d.peer_allowed("fe80::1".parse().unwrap()));
+        let seven = c.cm.rules(7);
+        assert_eq!((seven.max_listeners, seven.max_connects), (4, 1));
+        assert!(seven.port_allowed(6001) && !seven.port_allowed(4791));
+        assert!(seven.peer_allowed("127.0.0.3".parse().unwrap()));
+        assert!(!seven.peer_allowed("127.0.0.2".parse().unwrap()));
+        assert_eq!(c.cm.crc, MpaCrc::Decline);
+        // The device's peer filter is the policy's.
+        let policy = std::sync::Arc::new(crate::control::policy::CmPolicy::new(c.cm.clone()));
+        let dev = c.cm_device_config(c.addresses(&[]), policy);
+        assert_eq!(dev.crc, crate::device::CrcPolicy::Decline);
+        let dom = |d: u16| xen_platform::DomId(d);
+        assert!(dev.allows(dom(3), "127.0.0.9:1".parse().unwrap()));
+        assert!(!dev.allows(dom(3), "10.0.0.1:1".parse().unwrap()));
+        assert!(!dev.allows(dom(7), "127.0.0.2:1".parse().unwrap()));
+        assert!(dev.allows(dom(7), "[::ffff:127.0.0.3]:1".parse().unwrap()));
+        // Without a list: any peer, ports from 1024 up.
+        let open = Config::default().cm.rules(1);
+        assert!(open.port_allowed(1024) && !open.port_allowed(1023));
+        assert!(open.peer_allowed("192.0.2.1".parse().unwrap()));
+        // The file round-trips through its own serialisation.
+        let again = Config::parse(&toml::to_string(&c).unwrap(), "t2").unwrap();
+        assert_eq!(again, c);
+    }
+
+    #[test]
+    fn cm_mistakes_are_named() {
+        for (text, needle) in [
+            ("[cm]\nallowed-ports = [\"5000-4000\"]", "5000-4000"),
+            ("[cm]\nallowed-ports = [0]", "port 0"),
+            ("[cm]\nallowed-ports = [\"http\"]", "http"),
+            ("[cm]\nallowed-peers = [\"10.0.0.0/33\"]", "prefix 33"),
+            ("[cm]\nallowed-peers = [\"example.org\"]", "example.org"),
+            ("[cm.domain.dom7]\nmax-listeners = 1", "dom7"),
+            ("[cm]\nconnect-timeout-ms = 0", "connect-timeout-ms"),
+            ("address = [\"0.0.0.0\"]", "address"),
+            ("[cm]\nmax-listener = 1", "max-listener"),
+            ("[cm]\ncrc = \"maybe\"", "maybe"),
+        ] {
+            let e = Config::parse(text, "f.toml").unwrap_err().to_string();
+            assert!(e.contains(needle), "{text}: {e}");
+        }
     }
 }

@@ -88,7 +88,7 @@ fn handle_of(r: &ResponseRepr) -> u32 {
 fn plausible_slot() -> impl Strategy<Value = [u8; CONTROL_SLOT_LEN]> {
     (
         any::<u32>(),
-        1u16..=22,
+        1u16..=25,
         prop::collection::vec(0u8..4, 56),
         prop::collection::vec(any::<(u8, u8)>(), 0..4),
     )
@@ -370,6 +370,7 @@ fn a_connect_nobody_answers_is_refused_at_its_deadline_whoever_the_remote_is() {
                 port: 0,
                 addr: [0; 16],
                 remote_qpn: remote,
+                private: shared_ring::abi::control::PrivData::NONE,
             },
         }
         .to_bytes();

@@ -194,16 +194,17 @@ fn a_channel_gets_valid_grants_for_everything_it_creates() {
         rq_log2: 6,
     });
     assert_eq!(r.status, Status::QuotaExceeded);
-    // In-use objects are Busy; Listen is not supported.
+    // In-use objects are Busy; a privileged port is not the guest's to listen on.
     assert_eq!(fe.call(Request::DestroyCq { cq }).status, Status::Busy);
     assert_eq!(fe.call(Request::DeallocPd { pd }).status, Status::Busy);
     assert_eq!(
         fe.call(Request::Listen {
             port: 1,
-            backlog: 1
+            backlog: 1,
+            addr: [0; 16],
         })
         .status,
-        Status::NotSupported
+        Status::NotPermitted
     );
     assert_eq!(
         fe.call(Request::ModifyQp {
@@ -278,6 +279,7 @@ fn two_guests_connect_their_qps_on_one_host() {
             port: 0,
             addr: [0; 16],
             remote_qpn: qpn2,
+            private: shared_ring::abi::control::PrivData::NONE,
         },
     }
     .to_bytes();
@@ -290,6 +292,7 @@ fn two_guests_connect_their_qps_on_one_host() {
         port: 0,
         addr: [0; 16],
         remote_qpn: qpn1,
+        private: shared_ring::abi::control::PrivData::NONE,
     });
     assert_eq!(r2.status, Status::Ok);
     let r1 = fe1.next_response();
@@ -300,6 +303,7 @@ fn two_guests_connect_their_qps_on_one_host() {
         port: 0,
         addr: [0; 16],
         remote_qpn: 0xdead,
+        private: shared_ring::abi::control::PrivData::NONE,
     });
     assert_ne!(r.status, Status::Ok);
 }

@@ -618,6 +618,42 @@ impl Channel {
         self.check_lost()
     }
 
+    /// The first pending event `pred` picks, taken out of the pending list (the others stay
+    /// for [`Channel::take_events`]).
+    pub(crate) fn take_event(
+        &self,
+        pred: &dyn Fn(&AsyncEvent) -> bool,
+    ) -> Result<Option<AsyncEvent>> {
+        self.pump_events()?;
+        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(p.iter().position(pred).map(|i| p.remove(i)))
+    }
+
+    /// Waits for an event `pred` picks (taking it) until `deadline`: `None` when it passed. A
+    /// lost channel is [`Error::DeviceLost`], not a hang.
+    pub(crate) fn wait_event(
+        &self,
+        pred: &dyn Fn(&AsyncEvent) -> bool,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<Option<AsyncEvent>> {
+        use crate::signal::Signal;
+        loop {
+            let epoch = self.hub.epoch();
+            if let Some(e) = self.take_event(pred)? {
+                return Ok(Some(e));
+            }
+            self.notice_backend();
+            self.check_lost()?;
+            if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                return Ok(None);
+            }
+            if !self.hub.wait_after(epoch, deadline)? {
+                // No event for a while: is the backend still there?
+                self.probe_backend();
+            }
+        }
+    }
+
     /// Every event received since the last call.
     pub(crate) fn take_events(&self) -> Result<Vec<AsyncEvent>> {
         self.pump_events()?;

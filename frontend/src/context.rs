@@ -44,6 +44,9 @@ impl Mode {
 }
 
 pub(crate) struct CtxInner {
+    /// The channel's CM page, once a connection-management call needed it (declared before
+    /// `chan`: unmapped before the channel closes).
+    pub cm: crate::cm::CmPageCell,
     pub chan: Channel,
     pub mode: Mode,
     pub mr_cache_pages: usize,
@@ -156,6 +159,7 @@ impl ContextBuilder {
         )?;
         Ok(Context {
             inner: Arc::new(CtxInner {
+                cm: Default::default(),
                 chan,
                 mode,
                 mr_cache_pages: self.mr_cache_pages,
@@ -226,7 +230,16 @@ impl Context {
         CompletionQueue::create(self.inner.clone(), min_cqe)
     }
 
+    /// The backend's address (XenStore `address`): where peers on other hosts connect to
+    /// this device's listeners. `None` when the backend publishes none (intra-host only).
+    pub fn backend_addr(&self) -> Option<std::net::IpAddr> {
+        crate::cm::ip_of(self.inner.chan.backend_addr)
+    }
+
     /// Asynchronous events the backend reported since the last call (no system call).
+    /// Connection-management calls that wait (`Listener::get_request`,
+    /// `QueuePair::connect_to`, `ConnRequest::accept`, `QueuePair::wait_disconnected`) take
+    /// the events they wait for; the others stay here.
     pub fn async_events(&self) -> Result<Vec<AsyncEvent>> {
         self.inner.chan.take_events()
     }

@@ -110,6 +110,11 @@ impl Control {
         }
     }
 
+    /// How long a call waits for its answer.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }

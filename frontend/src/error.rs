@@ -57,6 +57,23 @@ pub enum Error {
     /// The caller passed something that cannot be right.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+
+    /// The peer rejected the connection (its reject message's private data, if any), or
+    /// nothing listens on the port.
+    #[error("connection to {peer} rejected ({} bytes of private data)", private_data.len())]
+    ConnectRejected {
+        peer: std::net::SocketAddr,
+        private_data: Vec<u8>,
+    },
+
+    /// The connection could not be set up: no answer in time, TCP refused or reset, or the
+    /// peer's reply did not make sense.
+    #[error("{peer} is unreachable")]
+    Unreachable { peer: std::net::SocketAddr },
+
+    /// The QP's connection ended (or failed) while waiting for it to be established.
+    #[error("QP {qp}: {what}")]
+    ConnectionLost { qp: u32, what: String },
 }
 
 fn status_hint(s: Status) -> &'static str {
@@ -70,6 +87,11 @@ fn status_hint(s: Status) -> &'static str {
         Status::NoResources => " (the backend is out of memory or grant entries)",
         Status::DeviceLost => " (the device is going away)",
         Status::VersionMismatch => " (frontend and backend speak different protocol versions)",
+        Status::NotPermitted => {
+            " (the backend's policy forbids it: [cm] allowed-ports / allowed-peers of its \
+             configuration, or an address that is not the backend's)"
+        }
+        Status::AddressInUse => " (the port is taken on the backend's address)",
         _ => "",
     }
 }
@@ -86,6 +108,11 @@ impl Error {
     /// A per-domain quota is exhausted.
     pub fn is_quota_exceeded(&self) -> bool {
         self.status() == Some(Status::QuotaExceeded)
+    }
+
+    /// The backend's policy forbade it (ports, peers).
+    pub fn is_not_permitted(&self) -> bool {
+        self.status() == Some(Status::NotPermitted)
     }
 
     /// The channel to the device is gone.

@@ -36,6 +36,7 @@
 //! See `docs/frontend.md`.
 
 mod channel;
+mod cm;
 mod context;
 mod control;
 mod cq;
@@ -46,6 +47,7 @@ mod qp;
 mod shm;
 mod signal;
 
+pub use cm::{CmInfo, ConnRequest, Listener, MAX_PRIVATE_DATA};
 pub use context::{Context, ContextBuilder, Mode, MODE_ENV};
 pub use cq::{CompletionQueue, WorkCompletion};
 pub use error::{Error, Result};

@@ -295,6 +295,11 @@ impl QueuePair {
     pub fn handle(&self) -> u32 {
         self.shared.handle
     }
+    /// The context the QP belongs to (connection management).
+    pub(crate) fn ctx_inner(&self) -> &CtxInner {
+        self.shared.ctx()
+    }
+
     /// Where a peer connects to this QP.
     pub fn endpoint(&self) -> QpEndpoint {
         QpEndpoint {
@@ -318,6 +323,7 @@ impl QueuePair {
             port: 0,
             addr,
             remote_qpn: remote.qp_num,
+            private: shared_ring::abi::control::PrivData::NONE,
         })?;
         Ok(())
     }

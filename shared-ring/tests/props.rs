@@ -6,11 +6,15 @@ use std::collections::VecDeque;
 
 use proptest::prelude::*;
 
-use shared_ring::abi::control::{RequestRepr, ResponseRepr, CONTROL_SLOT_LEN};
+use shared_ring::abi::control::{
+    CmInfoReply, CmTarget, Op, PrivData, Reply, Request, RequestRepr, ResponseRepr, Status,
+    CM_SLOTS, CONTROL_SLOT_LEN,
+};
 use shared_ring::abi::cqe::{CqeRepr, CQE_LEN};
 use shared_ring::abi::event::{EventRepr, EVENT_LEN};
 use shared_ring::abi::page_dir::{PageList, PAGE_LIST_LEN};
 use shared_ring::abi::wqe::{WqeRepr, WQE_LEN};
+use shared_ring::abi::AbiError;
 use shared_ring::cq::{CqPoller, CqWriter};
 use shared_ring::doorbell::DoorbellPage;
 use shared_ring::queue::{Consumer, Producer, QueueError};
@@ -239,7 +243,7 @@ proptest! {
 
     /// Near-valid control requests (a valid op byte, the rest random) parse or fail cleanly.
     #[test]
-    fn near_valid_requests(op in 1u16..21, req_id in any::<u32>(), args in prop::collection::vec(0u8..3, 56)) {
+    fn near_valid_requests(op in 1u16..26, req_id in any::<u32>(), args in prop::collection::vec(0u8..3, 56)) {
         let mut b = [0u8; CONTROL_SLOT_LEN];
         b[..4].copy_from_slice(&req_id.to_le_bytes());
         b[4..6].copy_from_slice(&op.to_le_bytes());
@@ -247,6 +251,82 @@ proptest! {
         if let Ok(r) = RequestRepr::parse(&b) {
             prop_assert_eq!(r.to_bytes(), b);
             prop_assert_eq!(r.req_id, req_id);
+        }
+    }
+
+    /// Every connection-management request and reply survives emit → parse unchanged, and
+    /// any one byte set in a place the op leaves unused is refused (canonical parsing).
+    #[test]
+    fn cm_slots_round_trip_and_refuse_stray_bytes(
+        req_id in any::<u32>(),
+        which in 0u8..7,
+        h in any::<u32>(),
+        qp in any::<u32>(),
+        port in any::<u16>(),
+        addr in any::<[u8; 16]>(),
+        slot in 0u8..CM_SLOTS,
+        len in any::<u8>(),
+        stray in 8usize..64,
+        stray_val in 1u8..=255,
+    ) {
+        let private = PrivData { slot, len };
+        let request = match which {
+            0 => Request::Listen { port, backlog: qp, addr },
+            1 => Request::Connect { qp: h, port, addr, remote_qpn: 0, private },
+            2 => Request::Accept { request: h, qp, private },
+            3 => Request::Reject { request: h, private },
+            4 => Request::Disconnect { qp: h },
+            5 => Request::CloseListener { listener: h },
+            _ => Request::CmInfo {
+                target: if qp % 2 == 0 { CmTarget::Request(h) } else { CmTarget::Qp(h) },
+                slot,
+            },
+        };
+        let r = RequestRepr { req_id, request };
+        let b = r.to_bytes();
+        prop_assert_eq!(RequestRepr::parse(&b).unwrap(), r);
+        // A byte the encoding leaves zero, made non-zero, never parses to the same request.
+        if b[stray] == 0 {
+            let mut bad = b;
+            bad[stray] = stray_val;
+            match RequestRepr::parse(&bad) {
+                Ok(again) => prop_assert_ne!(again, r),
+                Err(e) => {
+                    let clean = matches!(
+                        e,
+                        AbiError::Reserved { .. } | AbiError::OutOfRange { .. } | AbiError::Unknown { .. }
+                    );
+                    prop_assert!(clean, "unexpected error {:?}", e);
+                }
+            }
+        }
+
+        let reply = match which {
+            0 => (Op::Listen, Reply::Listener { listener: h, port }),
+            1 => (Op::CmInfo, Reply::CmInfo(CmInfoReply {
+                local_addr: addr,
+                local_port: port,
+                remote_addr: [len; 16],
+                remote_port: port ^ 1,
+                private_len: len,
+                ird: port ^ 2,
+                ord: port ^ 3,
+            })),
+            _ => (Op::CmPage, Reply::CmPage { gref: h, slots: u32::from(CM_SLOTS), slot_len: 256 }),
+        };
+        let rsp = ResponseRepr { req_id, op: reply.0, status: Status::Ok, reply: reply.1 };
+        let b = rsp.to_bytes();
+        prop_assert_eq!(ResponseRepr::parse(&b).unwrap(), rsp);
+        if b[stray] == 0 && stray >= 12 {
+            let mut bad = b;
+            bad[stray] = stray_val;
+            match ResponseRepr::parse(&bad) {
+                Ok(again) => prop_assert_ne!(again, rsp),
+                Err(e) => {
+                    let reserved = matches!(e, AbiError::Reserved { .. });
+                    prop_assert!(reserved, "unexpected error {:?}", e);
+                }
+            }
         }
     }
 }

@@ -189,6 +189,11 @@ impl Lab {
         }
     }
 
+    /// A XenStore node as dom0 reads it, `None` when it does not exist (yet).
+    pub fn read(&self, path: &str) -> Option<String> {
+        self.dom0.read_string(path).ok()
+    }
+
     /// The numeric nodes under the backend's stats node of the domain's device 0
     /// (`/local/domain/0/vrdma-stats/<D>/0`),
     /// as (name, value).

@@ -149,3 +149,24 @@ fn a_killed_backend_is_device_lost_and_guests_reconnect_to_a_new_one() {
     verified_transfer(&mut a, &mut b, &rb, 10);
     c.cmd("cq c 4");
 }
+
+/// The backend publishes its address in every device's backend node: the configuration's
+/// first `address`, 127.0.0.1 on the simulated host without one (the guests hand it to their
+/// peers; the connection manager listens on it).
+#[test]
+fn the_backend_publishes_its_address() {
+    for (config, want) in [
+        ("", "127.0.0.1"),
+        ("address = [\"127.0.0.7\"]", "127.0.0.7"),
+    ] {
+        let lab = Lab::start_with_config(config);
+        let d = lab.create_guest("a");
+        lab.attach(d, &[]);
+        let path = format!("{}/address", lab.back_dir(d));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while lab.read(&path).is_none() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert_eq!(lab.read(&path).as_deref(), Some(want), "{config:?}");
+    }
+}

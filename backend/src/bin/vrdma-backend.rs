@@ -10,7 +10,8 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use vrdma_backend::config::Config;
+use vrdma_backend::config::{Config, SIM_DEFAULT_ADDRESS};
+use vrdma_backend::control::policy::CmPolicy;
 use vrdma_backend::control::ControlOpener;
 use vrdma_backend::daemon::host::{self, HostChoice};
 use vrdma_backend::daemon::{self, signals, Daemon};
@@ -107,9 +108,31 @@ fn run(cli: Cli, config: Config) -> Result<()> {
         config.quotas.max_mr_pages,
     );
     let budget = Arc::new(HostBudget::new(limits));
-    let device: Arc<dyn Device> =
-        Arc::new(SoftDevice::new(config.engine()).context("starting the software device engine")?);
-    let info = daemon::device_info("soft-iwarp", &device.attrs());
+    // The backend's addresses: the file's, else 127.0.0.1 on a simulated host (on real Xen
+    // none: connections stay on this host until `address` names one).
+    let default_addrs: &[std::net::IpAddr] = if host.sim_dir().is_some() {
+        &[SIM_DEFAULT_ADDRESS]
+    } else {
+        &[]
+    };
+    let addrs = config.addresses(default_addrs);
+    let cm_policy = Arc::new(CmPolicy::new(config.cm.clone()));
+    let device: Arc<dyn Device> = Arc::new(
+        SoftDevice::new(config.engine())
+            .context("starting the software device engine")?
+            .with_cm(config.cm_device_config(addrs.clone(), cm_policy.clone()))
+            .context("starting the software device's connection manager")?,
+    );
+    tracing::info!(
+        "addresses {addrs:?}; [cm] max-listeners {}, max-connects {}, allowed-ports {:?}, \
+         allowed-peers {:?}, {} domain overrides",
+        config.cm.max_listeners,
+        config.cm.max_connects,
+        config.cm.allowed_ports,
+        config.cm.allowed_peers,
+        config.cm.domain.len()
+    );
+    let info = daemon::device_info_of("soft-iwarp", &*device);
     let store = Arc::new(host.store.clone());
     let platform = host.platform.clone();
     let dev = device.clone();
@@ -119,7 +142,12 @@ fn run(cli: Cli, config: Config) -> Result<()> {
         info,
         config.quotas,
         daemon::device_stats_source(device.clone()),
-        move |faults| Box::new(ControlOpener::with_budget(platform, dev, faults, budget)),
+        move |faults| {
+            Box::new(
+                ControlOpener::with_budget(platform, dev, faults, budget)
+                    .with_cm_policy(cm_policy.clone()),
+            )
+        },
     );
     signals::install(daemon.shutdown_handle()).context("installing signal handlers")?;
     let outcome = daemon.run();

@@ -11,6 +11,7 @@
 
 mod channel;
 pub mod pages;
+pub mod policy;
 pub mod service;
 
 use std::sync::Arc;
@@ -37,6 +38,7 @@ pub struct ControlOpener {
     device: Arc<dyn Device>,
     faults: FaultSink,
     budget: Arc<HostBudget>,
+    cm: Arc<policy::CmPolicy>,
 }
 
 impl ControlOpener {
@@ -59,7 +61,15 @@ impl ControlOpener {
             device,
             faults,
             budget,
+            cm: Arc::new(policy::CmPolicy::default()),
         }
+    }
+
+    /// Applies the daemon's connection-management policy (one per daemon: its quotas are
+    /// per domain) to every channel.
+    pub fn with_cm_policy(mut self, cm: Arc<policy::CmPolicy>) -> ControlOpener {
+        self.cm = cm;
+        self
     }
 }
 
@@ -132,7 +142,8 @@ impl ChannelOpener for ControlOpener {
             req.mode,
             notifier,
         )
-        .with_budget(self.budget.clone());
+        .with_budget(self.budget.clone())
+        .with_cm_policy(self.cm.clone());
         let shared = Arc::new(Shared::new(waker));
         let running = Running {
             service,

@@ -3,13 +3,14 @@
 //! (the ring copied it out of shared memory); whatever it says, the answer is a response slot
 //! (possibly deferred, for `Connect`) — never a panic.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use shared_ring::abi::control::{
-    access, field, ChannelStats, Op, Reply, Request, RequestRepr, ResponseRepr, Status,
-    CONTROL_SLOT_LEN,
+    access, field, ChannelStats, CmInfoReply, CmTarget, Op, PrivData, Reply, Request, RequestRepr,
+    ResponseRepr, Status, CM_SLOTS, CM_SLOT_LEN, CONTROL_SLOT_LEN,
 };
 use shared_ring::abi::cqe::CQE_LEN;
 use shared_ring::abi::event::{EventKind, EventRepr};
@@ -21,9 +22,11 @@ use shared_ring::{SharedRegion, PROTOCOL_VERSION};
 use xen_platform::{Access, DomId, Platform};
 
 use super::pages::{self, PagesError};
+use super::policy::{CmPolicy, CmResource};
+use crate::config::canonical_ip;
 use crate::device::{
-    ChannelId, ChannelMode, ChannelSetup, CqId, CqSetup, Device, DeviceError, MrHandle, MrSetup,
-    Notifier, PdId, QpNum, QpSetup, WorkQueue,
+    ChannelId, ChannelMode, ChannelSetup, CmInfo, ConnRequestId, CqId, CqSetup, Device,
+    DeviceError, ListenerId, MrHandle, MrSetup, Notifier, PdId, QpNum, QpSetup, WorkQueue,
 };
 use crate::resources::budget::{BudgetExceeded, BudgetLimits, HostBudget, Pool};
 use crate::resources::table::{ChannelTable, CqEntry, MrEntry, QpEntry};
@@ -130,7 +133,21 @@ pub struct ControlService {
     /// Grants of the channel's doorbell pages, page 0 (the `Init` page) first.
     doorbell_grefs: Vec<u32>,
     last_refusal: Option<String>,
+    /// The connection-management policy (shared by every channel: its quotas are per domain).
+    cm: Arc<CmPolicy>,
+    /// Listeners of this channel (each counted in the domain's `max-listeners`).
+    listeners: BTreeSet<ListenerId>,
+    /// QPs whose connection-manager connect is in flight (each counted in `max-connects`).
+    cm_connects: BTreeSet<QpNum>,
+    /// The channel's CM page (private data in and out) and its grant, once asked for.
+    cm_page: Option<(SharedRegion, u32)>,
 }
+
+/// Default backlog of a listener when `Listen` says 0, and the largest one.
+pub const DEFAULT_BACKLOG: u32 = 16;
+pub const MAX_BACKLOG: u32 = 128;
+/// Most ports a `Listen` on port 0 tries from the domain's `allowed-ports` before it gives up.
+pub const MAX_PORT_TRIES: usize = 64;
 
 impl std::fmt::Debug for ControlService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -173,7 +190,18 @@ impl ControlService {
             control_requests: 0,
             doorbell_grefs: Vec::new(),
             last_refusal: None,
+            cm: Arc::new(CmPolicy::default()),
+            listeners: BTreeSet::new(),
+            cm_connects: BTreeSet::new(),
+            cm_page: None,
         }
+    }
+
+    /// Applies `policy` (the daemon's `[cm]`: quotas per domain, allowed ports and peers);
+    /// without it the defaults of `[cm]` apply.
+    pub fn with_cm_policy(mut self, policy: Arc<CmPolicy>) -> ControlService {
+        self.cm = policy;
+        self
     }
 
     /// Charges this channel's pages to `budget` too (the daemon's host-wide page budgets);
@@ -209,9 +237,13 @@ impl ControlService {
         self.ch
     }
 
-    /// Whether `Connect`s are waiting for their QP.
+    /// Whether `Connect`s are waiting for their QP, or connection-manager connects are in
+    /// flight (call [`ControlService::poll_pending`] then).
     pub fn has_pending(&self) -> bool {
-        !self.pending.is_empty()
+        // Connection-manager connects too: [`ControlService::poll_pending`] gives their
+        // `max-connects` count back once they are over (the device's events wake the
+        // channel's thread, which calls it).
+        !self.pending.is_empty() || !self.cm_connects.is_empty()
     }
 
     /// Handles one request slot; `None` when the answer is deferred (see
@@ -253,6 +285,7 @@ impl ControlService {
         let Some(ch) = self.ch else {
             return Vec::new();
         };
+        self.refresh_cm_connects(ch);
         let mut out = Vec::new();
         let device = self.device.clone();
         let now = Instant::now();
@@ -284,6 +317,34 @@ impl ControlService {
             false
         });
         out
+    }
+
+    /// Forgets the connection-manager connects that are over (QP established, failed or
+    /// gone): they no longer count in the domain's `max-connects`.
+    fn refresh_cm_connects(&mut self, ch: ChannelId) {
+        let device = self.device.clone();
+        let before = self.cm_connects.len();
+        self.cm_connects.retain(|qp| {
+            !matches!(
+                device.qp_state(ch, *qp),
+                Ok(shared_ring::abi::control::QpState::Rts
+                    | shared_ring::abi::control::QpState::Error)
+                    | Err(_)
+            )
+        });
+        let done = (before - self.cm_connects.len()) as u32;
+        self.cm
+            .refund(self.device_id.domid, CmResource::Connects, done);
+    }
+
+    /// Connection-manager connects in flight on this channel.
+    pub fn cm_connects_in_flight(&self) -> usize {
+        self.cm_connects.len()
+    }
+
+    /// Listeners of this channel.
+    pub fn listener_count(&self) -> usize {
+        self.listeners.len()
     }
 
     fn dispatch(&mut self, req_id: u32, request: Request) -> Option<Outcome> {
@@ -334,12 +395,27 @@ impl ControlService {
                 .and_then(|qp| Ok(self.device.modify_qp(ch, qp, state)?))
                 .map(|()| Reply::Empty),
             Request::DestroyQp { qp } => self.destroy_qp(ch, QpNum(qp)),
-            Request::Listen { .. } | Request::Accept { .. } => Err(Refusal::new(
-                Status::NotSupported,
-                "Listen/Accept (iWARP connection manager) are not supported yet",
-            )),
-            Request::Connect { qp, remote_qpn, .. } => {
-                return match self.connect(ch, QpNum(qp), QpNum(remote_qpn)) {
+            Request::Listen {
+                port,
+                backlog,
+                addr,
+            } => self.listen(ch, port, backlog, addr),
+            Request::CloseListener { listener } => self.close_listener(ch, ListenerId(listener)),
+            Request::Connect {
+                qp,
+                port,
+                addr,
+                remote_qpn: 0,
+                private,
+            } => self.cm_connect(ch, QpNum(qp), addr, port, private),
+            Request::Connect {
+                qp,
+                port,
+                addr,
+                remote_qpn,
+                private,
+            } => {
+                return match self.connect(ch, QpNum(qp), port, addr, QpNum(remote_qpn), private) {
                     Ok(()) => {
                         self.pending.push(PendingConnect {
                             req_id,
@@ -351,6 +427,21 @@ impl ControlService {
                     Err(r) => Some(Err(r)),
                 }
             }
+            Request::Accept {
+                request,
+                qp,
+                private,
+            } => self.accept(ch, ConnRequestId(request), QpNum(qp), private),
+            Request::Reject { request, private } => self.private_data(private).and_then(|data| {
+                self.device.cm_reject(ch, ConnRequestId(request), &data)?;
+                Ok(Reply::Empty)
+            }),
+            Request::Disconnect { qp } => self.own_qp(QpNum(qp)).and_then(|qp| {
+                self.device.cm_disconnect(ch, qp)?;
+                Ok(Reply::Empty)
+            }),
+            Request::CmInfo { target, slot } => self.cm_info(ch, target, slot),
+            Request::CmPage => self.cm_page(),
             Request::ArmCq { cq, solicited_only } => self
                 .own_cq(CqId(cq))
                 .and_then(|cq| Ok(self.device.arm_cq(ch, cq, solicited_only)?))
@@ -780,6 +871,10 @@ impl ControlService {
         self.account.refund(Resource::Qps, 1);
         self.refund_granted(entry.granted_pages);
         self.pending.retain(|p| p.qp != qp);
+        if self.cm_connects.remove(&qp) {
+            self.cm
+                .refund(self.device_id.domid, CmResource::Connects, 1);
+        }
     }
 
     /// Charges `n` granted pages to the device's quota and the domain's host share (both or
@@ -802,16 +897,291 @@ impl ControlService {
         self.budget.refund(self.device_id.domid, Pool::Granted, n);
     }
 
-    fn connect(&mut self, ch: ChannelId, qp: QpNum, remote: QpNum) -> Result<(), Refusal> {
+    /// An address-vector style connect: pairs `qp` with QP `remote` of this backend.
+    fn connect(
+        &mut self,
+        ch: ChannelId,
+        qp: QpNum,
+        port: u16,
+        addr: [u8; 16],
+        remote: QpNum,
+        private: PrivData,
+    ) -> Result<(), Refusal> {
         self.own_qp(qp)?;
-        if self.pending.iter().any(|p| p.qp == qp) {
+        if port != 0 || private != PrivData::NONE {
+            return Err(Refusal::new(
+                Status::InvalidArgument,
+                "a Connect naming a remote QP number pairs on this backend: port and private \
+                 data must be 0 (connect to a port with remote_qpn 0)",
+            ));
+        }
+        if self.pending.iter().any(|p| p.qp == qp) || self.cm_connects.contains(&qp) {
             return Err(Refusal::new(
                 Status::Busy,
                 format!("QP {} is already connecting", qp.0),
             ));
         }
+        // The peer is this backend: its own address (or the one the guest named, which must
+        // be one of the backend's).
+        let own = self.device.local_addrs();
+        let target = match ip_of(addr) {
+            None => own.first().copied(),
+            Some(ip) if own.contains(&ip) => Some(ip),
+            Some(ip) => {
+                return Err(Refusal::new(
+                    Status::InvalidArgument,
+                    format!(
+                        "a Connect naming a remote QP number pairs on this backend; {ip} is not \
+                         one of its addresses"
+                    ),
+                ))
+            }
+        };
+        let domid = self.device_id.domid;
+        if let Some(ip) = target {
+            if !self.cm.peer_allowed(domid, ip) {
+                return Err(Refusal::new(
+                    Status::NotPermitted,
+                    format!("domain {domid} may not connect to {ip} ([cm] allowed-peers)"),
+                ));
+            }
+        }
+        // Not counted in max-connects: a pairing is bounded by the QPs (max-qps) and times
+        // out by itself.
         self.device.connect_qp(ch, qp, remote)?;
         Ok(())
+    }
+
+    /// A connection-manager connect to `addr:port` with private data; answered at once, the
+    /// outcome is an event.
+    fn cm_connect(
+        &mut self,
+        ch: ChannelId,
+        qp: QpNum,
+        addr: [u8; 16],
+        port: u16,
+        private: PrivData,
+    ) -> Outcome {
+        self.own_qp(qp)?;
+        let Some(ip) = ip_of(addr) else {
+            return Err(Refusal::new(
+                Status::InvalidArgument,
+                "Connect to the unspecified address",
+            ));
+        };
+        if port == 0 {
+            return Err(Refusal::new(Status::InvalidArgument, "Connect to port 0"));
+        }
+        if self.pending.iter().any(|p| p.qp == qp) || self.cm_connects.contains(&qp) {
+            return Err(Refusal::new(
+                Status::Busy,
+                format!("QP {} is already connecting", qp.0),
+            ));
+        }
+        let domid = self.device_id.domid;
+        if !self.cm.peer_allowed(domid, ip) {
+            return Err(Refusal::new(
+                Status::NotPermitted,
+                format!("domain {domid} may not connect to {ip} ([cm] allowed-peers)"),
+            ));
+        }
+        let data = self.private_data(private)?;
+        // Connects that finished since the last look no longer count.
+        self.refresh_cm_connects(ch);
+        self.cm
+            .charge(domid, CmResource::Connects)
+            .map_err(|why| Refusal::new(Status::QuotaExceeded, why))?;
+        if let Err(e) = self
+            .device
+            .cm_connect(ch, qp, SocketAddr::new(ip, port), &data)
+        {
+            self.cm.refund(domid, CmResource::Connects, 1);
+            return Err(e.into());
+        }
+        self.cm_connects.insert(qp);
+        Ok(Reply::Empty)
+    }
+
+    fn accept(
+        &mut self,
+        ch: ChannelId,
+        req: ConnRequestId,
+        qp: QpNum,
+        private: PrivData,
+    ) -> Outcome {
+        let qp = self.own_qp(qp)?;
+        let data = self.private_data(private)?;
+        // The device filters incoming connections with the same rules; checked here too so
+        // that the policy holds whatever the device does.
+        let peer = self.device.cm_request_info(ch, req)?.peer.ip();
+        let domid = self.device_id.domid;
+        if !self.cm.peer_allowed(domid, peer) {
+            return Err(Refusal::new(
+                Status::NotPermitted,
+                format!("domain {domid} may not accept from {peer} ([cm] allowed-peers)"),
+            ));
+        }
+        self.device.cm_accept(ch, req, qp, &data)?;
+        Ok(Reply::Empty)
+    }
+
+    fn listen(&mut self, ch: ChannelId, port: u16, backlog: u32, addr: [u8; 16]) -> Outcome {
+        let backlog = match backlog {
+            0 => DEFAULT_BACKLOG,
+            b => b.min(MAX_BACKLOG),
+        };
+        let domid = self.device_id.domid;
+        let rules = self.cm.rules(domid);
+        let ports: Vec<u16> = match (port, &rules.allowed_ports) {
+            (0, None) => vec![0],
+            (0, Some(list)) => list
+                .iter()
+                .flat_map(|r| r.ports())
+                .take(MAX_PORT_TRIES)
+                .collect(),
+            (p, _) if rules.port_allowed(p) => vec![p],
+            (p, _) => {
+                return Err(Refusal::new(
+                    Status::NotPermitted,
+                    format!(
+                        "domain {domid} may not listen on port {p} ([cm] allowed-ports: {})",
+                        match &rules.allowed_ports {
+                            Some(l) => format!("{l:?}"),
+                            None => format!(
+                                "absent, so ports from {} up",
+                                crate::config::FIRST_UNPRIVILEGED_PORT
+                            ),
+                        }
+                    ),
+                ))
+            }
+        };
+        let own = self.device.local_addrs();
+        let ip = match ip_of(addr) {
+            None => own.first().copied().ok_or_else(|| {
+                Refusal::new(
+                    Status::NotSupported,
+                    "the backend has no address to listen on (config `address`)",
+                )
+            })?,
+            Some(ip) if own.contains(&ip) => ip,
+            Some(ip) => {
+                return Err(Refusal::new(
+                    Status::NotPermitted,
+                    format!("{ip} is not an address of this backend ({own:?})"),
+                ))
+            }
+        };
+        self.cm
+            .charge(domid, CmResource::Listeners)
+            .map_err(|why| Refusal::new(Status::QuotaExceeded, why))?;
+        let mut last = Refusal::new(Status::NotPermitted, "allowed-ports is empty");
+        for p in ports {
+            match self.device.cm_listen(ch, SocketAddr::new(ip, p), backlog) {
+                Ok(l) => {
+                    let bound = match self.device.cm_listener_addr(ch, l) {
+                        Ok(a) => a.port(),
+                        Err(e) => {
+                            let _ = self.device.cm_close_listener(ch, l);
+                            self.cm.refund(domid, CmResource::Listeners, 1);
+                            return Err(e.into());
+                        }
+                    };
+                    self.listeners.insert(l);
+                    return Ok(Reply::Listener {
+                        listener: l.0,
+                        port: bound,
+                    });
+                }
+                Err(DeviceError::Busy(what)) => {
+                    last =
+                        Refusal::new(Status::AddressInUse, format!("{ip}:{p} is in use ({what})"));
+                }
+                Err(e) => {
+                    last = e.into();
+                    break;
+                }
+            }
+        }
+        self.cm.refund(domid, CmResource::Listeners, 1);
+        Err(last)
+    }
+
+    fn close_listener(&mut self, ch: ChannelId, l: ListenerId) -> Outcome {
+        if !self.listeners.contains(&l) {
+            return Err(bad_handle("listener", l.0));
+        }
+        self.device.cm_close_listener(ch, l)?;
+        self.listeners.remove(&l);
+        self.cm
+            .refund(self.device_id.domid, CmResource::Listeners, 1);
+        Ok(Reply::Empty)
+    }
+
+    /// The channel's CM page: allocated, zeroed and granted on the first call.
+    fn cm_page(&mut self) -> Outcome {
+        if self.cm_page.is_none() {
+            self.charge_granted(1)?;
+            match pages::share(&self.platform, self.domid, 1, Access::ReadWrite) {
+                Ok((region, grefs)) => self.cm_page = Some((region, grefs[0])),
+                Err(e) => {
+                    self.refund_granted(1);
+                    return Err(e.into());
+                }
+            }
+        }
+        let gref = self.cm_page.as_ref().map(|(_, g)| *g).unwrap_or_default();
+        Ok(Reply::CmPage {
+            gref,
+            slots: u32::from(CM_SLOTS),
+            slot_len: CM_SLOT_LEN as u32,
+        })
+    }
+
+    fn cm_page_region(&self) -> Result<&SharedRegion, Refusal> {
+        self.cm_page.as_ref().map(|(r, _)| r).ok_or_else(|| {
+            Refusal::new(
+                Status::InvalidArgument,
+                "private data names a CM page slot but the channel has no CM page (send CmPage first)",
+            )
+        })
+    }
+
+    /// The private data a request names, copied out of the CM page.
+    fn private_data(&self, p: PrivData) -> Result<Vec<u8>, Refusal> {
+        if p.len == 0 {
+            return Ok(Vec::new());
+        }
+        let page = self.cm_page_region()?;
+        let mut data = vec![0u8; usize::from(p.len)];
+        page.read_bytes(usize::from(p.slot) * CM_SLOT_LEN, &mut data)
+            .map_err(|e| Refusal::new(Status::InvalidArgument, format!("CM page: {e}")))?;
+        Ok(data)
+    }
+
+    fn cm_info(&mut self, ch: ChannelId, target: CmTarget, slot: u8) -> Outcome {
+        let info: CmInfo = match target {
+            CmTarget::Request(r) => self.device.cm_request_info(ch, ConnRequestId(r))?,
+            CmTarget::Qp(qp) => {
+                let qp = self.own_qp(QpNum(qp))?;
+                self.device.cm_qp_info(ch, qp)?
+            }
+        };
+        let n = info.private_data.len().min(crate::device::MAX_PRIVATE_DATA);
+        if n > 0 {
+            let page = self.cm_page_region()?;
+            page.write_bytes(usize::from(slot) * CM_SLOT_LEN, &info.private_data[..n])
+                .map_err(|e| Refusal::new(Status::InvalidArgument, format!("CM page: {e}")))?;
+        }
+        Ok(Reply::CmInfo(CmInfoReply {
+            local_addr: addr_bytes(info.local.ip()),
+            local_port: info.local.port(),
+            remote_addr: addr_bytes(info.peer.ip()),
+            remote_port: info.peer.port(),
+            private_len: n as u8,
+            ird: info.ird,
+            ord: info.ord,
+        }))
     }
 
     fn post(&mut self, ch: ChannelId, qp: QpNum, which: WorkQueue, prod: u32) -> Outcome {
@@ -938,8 +1308,18 @@ impl ControlService {
         let (qps, cqs, mrs, pds) = (t.qps.len(), t.cqs.len(), t.mrs.len(), t.pds.len());
         let mr_pages: u64 = t.mrs.values().map(|m| m.pages).sum();
         // The device frees everything of the channel in one call (QPs first, peers flushed).
+        // (and its connection-manager state: listeners closed, requests rejected, connections
+        // ended with QpDisconnected at their peers).
         self.device.close_channel(ch);
         self.dir_pages.clear();
+        let domid = self.device_id.domid;
+        let connects = self.cm_connects.len() as u32;
+        self.cm.refund(domid, CmResource::Connects, connects);
+        self.cm
+            .refund(domid, CmResource::Listeners, self.listeners.len() as u32);
+        self.listeners.clear();
+        self.cm_connects.clear();
+        self.cm_page = None;
         self.pending.clear();
         self.account.refund(Resource::Qps, qps as u64);
         self.account.refund(Resource::Cqs, cqs as u64);
@@ -961,6 +1341,24 @@ impl ControlService {
 impl Drop for ControlService {
     fn drop(&mut self) {
         self.reclaim(&CloseReason::Shutdown);
+    }
+}
+
+/// The address a request names; `None` for the unspecified address (all zero). IPv4-mapped
+/// addresses are IPv4.
+fn ip_of(addr: [u8; 16]) -> Option<IpAddr> {
+    let v6 = Ipv6Addr::from(addr);
+    if v6.is_unspecified() {
+        return None;
+    }
+    Some(canonical_ip(IpAddr::V6(v6)))
+}
+
+/// An address as the protocol carries it (IPv4 as v4-mapped IPv6).
+fn addr_bytes(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
     }
 }
 

@@ -109,6 +109,15 @@ pub enum DaemonError {
     WatchLost(String),
 }
 
+/// What the backend publishes for each device, from the device's limits and its first
+/// address (guests hand it to their peers).
+pub fn device_info_of(kind: &str, device: &dyn Device) -> DeviceInfo {
+    DeviceInfo {
+        address: device.local_addrs().first().copied(),
+        ..device_info(kind, &device.attrs())
+    }
+}
+
 /// What the backend publishes for each device, from the device's limits.
 pub fn device_info(kind: &str, attrs: &DeviceAttrs) -> DeviceInfo {
     use shared_ring::abi::xenstore::DeviceKey;
@@ -131,6 +140,7 @@ pub fn device_info(kind: &str, attrs: &DeviceAttrs) -> DeviceInfo {
                 u64::from(attrs.max_mr_pages) * xen_platform::PAGE_SIZE as u64,
             ),
         ],
+        address: None,
     }
 }
 

@@ -25,6 +25,8 @@ pub struct DeviceInfo {
     pub kind: String,
     /// Device limits: `max-qp-wr`, `max-cqe`, `max-sge`, `max-inline`, `max-mr-size`.
     pub limits: Vec<(String, u64)>,
+    /// The backend's address guests give their peers (`address`), if it has one.
+    pub address: Option<std::net::IpAddr>,
 }
 
 /// Extra counters of a domain to publish under `stats/`: the device's op/byte/error counters
@@ -347,6 +349,9 @@ impl XenbusBackend {
             t.write(&DeviceKey::Kind.path(&base), info.kind.as_bytes())?;
             for (key, value) in &info.limits {
                 t.write(&format!("{base}/{key}"), value.to_string().as_bytes())?;
+            }
+            if let Some(a) = info.address {
+                t.write(&DeviceKey::Address.path(&base), a.to_string().as_bytes())?;
             }
             t.write(
                 &DeviceKey::State.path(&base),

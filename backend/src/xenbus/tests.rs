@@ -63,6 +63,7 @@ fn info() -> DeviceInfo {
         versions: vec![1],
         kind: "soft-iwarp".into(),
         limits: vec![("max-qp-wr".into(), 4096), ("max-sge".into(), 4)],
+        address: None,
     }
 }
 

@@ -23,6 +23,7 @@ use vrdma_rs::{
 };
 
 mod errno {
+    pub const EPERM: i32 = 1;
     pub const EIO: i32 = 5;
     pub const EAGAIN: i32 = 11;
     pub const ENOMEM: i32 = 12;
@@ -32,9 +33,12 @@ mod errno {
     pub const ERANGE: i32 = 34;
     pub const EPROTO: i32 = 71;
     pub const EOPNOTSUPP: i32 = 95;
+    pub const EADDRINUSE: i32 = 98;
+    pub const ECONNRESET: i32 = 104;
     pub const ENOTCONN: i32 = 107;
     pub const ETIMEDOUT: i32 = 110;
     pub const ECONNREFUSED: i32 = 111;
+    pub const EHOSTUNREACH: i32 = 113;
     pub const EDQUOT: i32 = 122;
 }
 
@@ -121,11 +125,16 @@ impl From<Error> for Fail {
                 Status::NotSupported => errno::EOPNOTSUPP,
                 Status::ConnectionRefused => errno::ECONNREFUSED,
                 Status::DeviceLost => errno::ENOTCONN,
+                Status::NotPermitted => errno::EPERM,
+                Status::AddressInUse => errno::EADDRINUSE,
                 _ => errno::EIO,
             },
             Error::DeviceLost(_) => errno::ENOTCONN,
             Error::QueueFull { .. } => errno::EAGAIN,
             Error::InvalidArgument(_) => errno::EINVAL,
+            Error::ConnectRejected { .. } => errno::ECONNREFUSED,
+            Error::Unreachable { .. } => errno::EHOSTUNREACH,
+            Error::ConnectionLost { .. } => errno::ECONNRESET,
         };
         Fail(code, e.to_string())
     }

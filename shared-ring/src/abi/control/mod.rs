@@ -21,8 +21,8 @@
 mod request;
 mod response;
 
-pub use request::{args, Request, RequestRepr};
-pub use response::{result, ChannelStats, DeviceAttrs, Reply, ResponseRepr};
+pub use request::{args, CmTarget, PrivData, Request, RequestRepr};
+pub use response::{result, ChannelStats, CmInfoReply, DeviceAttrs, Reply, ResponseRepr};
 
 use super::AbiError;
 
@@ -70,12 +70,17 @@ pub enum Op {
     PostSend = 18,
     PostRecv = 19,
     PollCq = 20,
+    Reject = 21,
+    Disconnect = 22,
+    CloseListener = 23,
+    CmInfo = 24,
+    CmPage = 25,
 }
 
 impl Op {
     pub fn from_u16(v: u16) -> Result<Self, AbiError> {
         use Op::*;
-        const ALL: [Op; 20] = [
+        const ALL: [Op; 25] = [
             Init,
             QueryDevice,
             QueryPort,
@@ -96,6 +101,11 @@ impl Op {
             PostSend,
             PostRecv,
             PollCq,
+            Reject,
+            Disconnect,
+            CloseListener,
+            CmInfo,
+            CmPage,
         ];
         (v as usize)
             .checked_sub(1)
@@ -132,12 +142,17 @@ pub enum Status {
     /// The object is in use (e.g. destroying a CQ a QP still uses).
     Busy = 10,
     DeviceLost = 11,
+    /// The backend's policy forbids it: a port outside the domain's `allowed-ports`, a peer
+    /// outside its `allowed-peers`, or an address that is not the backend's.
+    NotPermitted = 12,
+    /// The address and port are already bound (by a listener of any domain).
+    AddressInUse = 13,
 }
 
 impl Status {
     pub fn from_u32(v: u32) -> Result<Self, AbiError> {
         use Status::*;
-        const ALL: [Status; 12] = [
+        const ALL: [Status; 14] = [
             Ok,
             BadRequest,
             InvalidArgument,
@@ -150,6 +165,8 @@ impl Status {
             ConnectionRefused,
             Busy,
             DeviceLost,
+            NotPermitted,
+            AddressInUse,
         ];
         ALL.get(v as usize).copied().ok_or(AbiError::Unknown {
             what: "status",
@@ -192,6 +209,18 @@ pub mod access {
     pub const ALL: u32 = LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ;
 }
 
+/// Connection-management private data (the bytes `Connect`, `Accept` and `Reject` carry to
+/// the peer, and `CmInfo` reads back) travels through the channel's **CM page**: one page the
+/// backend allocates and grants on the first `CmPage` request, cut into [`CM_SLOTS`] slots of
+/// [`CM_SLOT_LEN`] bytes. A request names a slot and a length; the frontend gives each
+/// in-flight CM request its own slot. The backend copies a slot out before it uses it.
+pub const CM_SLOTS: u8 = 16;
+/// Bytes of one CM page slot.
+pub const CM_SLOT_LEN: usize = 256;
+/// Most private data bytes one CM message carries (MPA's limit for revision 2 is 512; vrdma's
+/// is that of the device, 255, so one length byte holds it).
+pub const MAX_PRIVATE_DATA: usize = 255;
+
 /// QP transport type (`CreateQp`).
 pub const QP_TYPE_RC: u8 = 1;
 /// `ArmCq` flag: notify on solicited completions only.
@@ -224,21 +253,21 @@ mod tests {
                 value: 0
             })
         );
-        b[4] = 21;
+        b[4] = 26;
         assert_eq!(
             RequestRepr::parse(&b).err(),
             Some(AbiError::Unknown {
                 what: "control op",
-                value: 21
+                value: 26
             })
         );
         b[4] = 2;
-        b[8] = 99;
+        b[8] = 14;
         assert_eq!(
             ResponseRepr::parse(&b).err(),
             Some(AbiError::Unknown {
                 what: "status",
-                value: 99
+                value: 14
             })
         );
         assert_eq!(

@@ -2,7 +2,8 @@
 
 use super::access;
 use super::{
-    check_log2, field, Op, QpState, ARM_SOLICITED, CONTROL_SLOT_LEN, MAX_PAGE_LIST, QP_TYPE_RC,
+    check_log2, field, Op, QpState, ARM_SOLICITED, CM_SLOTS, CONTROL_SLOT_LEN, MAX_PAGE_LIST,
+    QP_TYPE_RC,
 };
 use crate::abi::page_dir::{PageList, PAGE_LIST_LEN};
 use crate::abi::AbiError;
@@ -35,20 +36,94 @@ pub mod args {
     pub const QP_TYPE: usize = 22;
     /// `ModifyQp`: new state.
     pub const MODIFY_STATE: usize = 12;
-    /// `Listen`.
+    /// `Listen`: TCP port (0: the kernel chooses), backlog, and the backend address to bind
+    /// (all zero: the backend's first address).
     pub const LISTEN_PORT: usize = 8;
     pub const LISTEN_BACKLOG: usize = 12;
+    pub const LISTEN_ADDR: usize = 16;
     /// `Connect`: TCP port and IPv6 (or v4-mapped) address of the peer.
     pub const CONNECT_PORT: usize = 12;
     pub const CONNECT_ADDR: usize = 16;
-    /// `Connect`: QP number of the peer QP (intra-host pairing on the same backend).
+    /// `Connect`: QP number of the peer QP (intra-host pairing on the same backend); 0 for a
+    /// connection-manager connect to `addr:port`.
     pub const CONNECT_REMOTE_QPN: usize = 32;
-    /// `Accept`: the QP to attach to the connection.
+    /// `Connect`: private data (CM page slot, length).
+    pub const CONNECT_PDATA_SLOT: usize = 36;
+    pub const CONNECT_PDATA_LEN: usize = 37;
+    /// `Accept`: the connection request (at [`HANDLE`]), the QP to attach to the connection,
+    /// private data.
     pub const ACCEPT_QP: usize = 12;
+    pub const ACCEPT_PDATA_SLOT: usize = 16;
+    pub const ACCEPT_PDATA_LEN: usize = 17;
+    /// `Reject`: the connection request (at [`HANDLE`]), private data.
+    pub const REJECT_PDATA_SLOT: usize = 12;
+    pub const REJECT_PDATA_LEN: usize = 13;
+    /// `CmInfo`: the handle (at [`HANDLE`]), what it is (1 connection request, 2 QP), the CM
+    /// page slot the peer's private data is written to.
+    pub const CM_INFO_KIND: usize = 12;
+    pub const CM_INFO_SLOT: usize = 13;
     /// `ArmCq`: flag bits (bit 0 = solicited only).
     pub const ARM_FLAGS: usize = 12;
     /// `PostSend` / `PostRecv` (mediated mode): producer index the frontend published.
     pub const POST_PROD: usize = 12;
+}
+
+/// Private data of a connection-management message: `len` bytes in slot `slot` of the
+/// channel's CM page (`len` 0: none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct PrivData {
+    pub slot: u8,
+    pub len: u8,
+}
+
+impl PrivData {
+    /// No private data.
+    pub const NONE: PrivData = PrivData { slot: 0, len: 0 };
+
+    fn parse(b: &[u8], slot_at: usize, len_at: usize) -> Result<PrivData, AbiError> {
+        Ok(PrivData {
+            slot: check_cm_slot(get_u8(b, slot_at))?,
+            len: get_u8(b, len_at),
+        })
+    }
+
+    fn emit(&self, b: &mut [u8], slot_at: usize, len_at: usize) {
+        set_u8(b, slot_at, self.slot);
+        set_u8(b, len_at, self.len);
+    }
+}
+
+fn check_cm_slot(slot: u8) -> Result<u8, AbiError> {
+    if slot >= CM_SLOTS {
+        return Err(AbiError::OutOfRange {
+            what: "CM page slot",
+            value: slot.into(),
+            max: u64::from(CM_SLOTS - 1),
+        });
+    }
+    Ok(slot)
+}
+
+fn check_port(v: u32) -> Result<u16, AbiError> {
+    u16::try_from(v).map_err(|_| AbiError::OutOfRange {
+        what: "TCP port",
+        value: v.into(),
+        max: u16::MAX.into(),
+    })
+}
+
+/// What a `CmInfo` request asks about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CmTarget {
+    /// A connection request a listener received (its id from the `ConnectRequest` event).
+    Request(u32),
+    /// A QP's connection (established, or rejected: the peer's private data).
+    Qp(u32),
+}
+
+impl CmTarget {
+    const KIND_REQUEST: u8 = 1;
+    const KIND_QP: u8 = 2;
 }
 
 /// A control request.
@@ -98,21 +173,30 @@ pub enum Request {
     DestroyQp {
         qp: u32,
     },
+    /// Listen on `addr:port` (`addr` all zero: the backend's first address; `port` 0: any).
     Listen {
-        port: u32,
+        port: u16,
         backlog: u32,
+        addr: [u8; 16],
     },
+    /// With `remote_qpn != 0`: pair with that QP on the same backend (address-vector style;
+    /// `addr`, `port` and `private` unused), answered once connected. With `remote_qpn == 0`:
+    /// a connection-manager connect to `addr:port` with private data, answered at once; the
+    /// outcome is a `QpEstablished`, `ConnectRejected` or `ConnectUnreachable` event.
     Connect {
         qp: u32,
-        port: u32,
+        port: u16,
         /// IPv6 address, or an IPv4-mapped one (`::ffff:a.b.c.d`).
         addr: [u8; 16],
         /// QP number of the peer QP on the same backend (intra-host pairing).
         remote_qpn: u32,
+        private: PrivData,
     },
+    /// Accept connection request `request` (a listener's `ConnectRequest` event) on `qp`.
     Accept {
-        listener: u32,
+        request: u32,
         qp: u32,
+        private: PrivData,
     },
     ArmCq {
         cq: u32,
@@ -133,6 +217,26 @@ pub enum Request {
     PollCq {
         cq: u32,
     },
+    /// Refuse connection request `request`, sending `private` to the connecting side.
+    Reject {
+        request: u32,
+        private: PrivData,
+    },
+    /// Close the connection of `qp` (the peer gets `QpDisconnected`).
+    Disconnect {
+        qp: u32,
+    },
+    CloseListener {
+        listener: u32,
+    },
+    /// Addresses and the peer's private data of a connection request or of a QP's connection;
+    /// the private data is written to CM page slot `slot`.
+    CmInfo {
+        target: CmTarget,
+        slot: u8,
+    },
+    /// The channel's CM page (allocated and granted on the first call).
+    CmPage,
 }
 
 impl Request {
@@ -159,6 +263,11 @@ impl Request {
             Self::PostSend { .. } => Op::PostSend,
             Self::PostRecv { .. } => Op::PostRecv,
             Self::PollCq { .. } => Op::PollCq,
+            Self::Reject { .. } => Op::Reject,
+            Self::Disconnect { .. } => Op::Disconnect,
+            Self::CloseListener { .. } => Op::CloseListener,
+            Self::CmInfo { .. } => Op::CmInfo,
+            Self::CmPage => Op::CmPage,
         }
     }
 }
@@ -240,23 +349,42 @@ impl RequestRepr {
             },
             Op::DestroyQp => R::DestroyQp { qp: h },
             Op::Listen => R::Listen {
-                port: get_u32(b, args::LISTEN_PORT),
+                port: check_port(get_u32(b, args::LISTEN_PORT))?,
                 backlog: get_u32(b, args::LISTEN_BACKLOG),
+                addr: get_addr(b, args::LISTEN_ADDR),
             },
-            Op::Connect => {
-                let mut addr = [0u8; 16];
-                addr.copy_from_slice(&b[args::CONNECT_ADDR..args::CONNECT_ADDR + 16]);
-                R::Connect {
-                    qp: h,
-                    port: get_u32(b, args::CONNECT_PORT),
-                    addr,
-                    remote_qpn: get_u32(b, args::CONNECT_REMOTE_QPN),
-                }
-            }
+            Op::Connect => R::Connect {
+                qp: h,
+                port: check_port(get_u32(b, args::CONNECT_PORT))?,
+                addr: get_addr(b, args::CONNECT_ADDR),
+                remote_qpn: get_u32(b, args::CONNECT_REMOTE_QPN),
+                private: PrivData::parse(b, args::CONNECT_PDATA_SLOT, args::CONNECT_PDATA_LEN)?,
+            },
             Op::Accept => R::Accept {
-                listener: h,
+                request: h,
                 qp: get_u32(b, args::ACCEPT_QP),
+                private: PrivData::parse(b, args::ACCEPT_PDATA_SLOT, args::ACCEPT_PDATA_LEN)?,
             },
+            Op::Reject => R::Reject {
+                request: h,
+                private: PrivData::parse(b, args::REJECT_PDATA_SLOT, args::REJECT_PDATA_LEN)?,
+            },
+            Op::Disconnect => R::Disconnect { qp: h },
+            Op::CloseListener => R::CloseListener { listener: h },
+            Op::CmInfo => R::CmInfo {
+                target: match get_u8(b, args::CM_INFO_KIND) {
+                    CmTarget::KIND_REQUEST => CmTarget::Request(h),
+                    CmTarget::KIND_QP => CmTarget::Qp(h),
+                    k => {
+                        return Err(AbiError::Unknown {
+                            what: "CM info kind",
+                            value: k.into(),
+                        })
+                    }
+                },
+                slot: check_cm_slot(get_u8(b, args::CM_INFO_SLOT))?,
+            },
+            Op::CmPage => R::CmPage,
             Op::ArmCq => R::ArmCq {
                 cq: h,
                 solicited_only: get_u32(b, args::ARM_FLAGS) & ARM_SOLICITED != 0,
@@ -292,13 +420,15 @@ impl RequestRepr {
         use Request as R;
         match self.request {
             R::Init { version } => set_u32(b, args::INIT_VERSION, version),
-            R::QueryDevice | R::AllocPd | R::Stats => {}
+            R::QueryDevice | R::AllocPd | R::Stats | R::CmPage => {}
             R::QueryPort { port } => set_u32(b, args::PORT_NUM, port),
             R::DeallocPd { pd: h }
             | R::DeregMr { mr: h }
             | R::DestroyCq { cq: h }
             | R::DestroyQp { qp: h }
-            | R::PollCq { cq: h } => set_u32(b, args::HANDLE, h),
+            | R::PollCq { cq: h }
+            | R::Disconnect { qp: h }
+            | R::CloseListener { listener: h } => set_u32(b, args::HANDLE, h),
             R::RegMr {
                 pd,
                 access,
@@ -333,24 +463,49 @@ impl RequestRepr {
                 set_u32(b, args::HANDLE, qp);
                 set_u32(b, args::MODIFY_STATE, state as u32);
             }
-            R::Listen { port, backlog } => {
-                set_u32(b, args::LISTEN_PORT, port);
+            R::Listen {
+                port,
+                backlog,
+                addr,
+            } => {
+                set_u32(b, args::LISTEN_PORT, port.into());
                 set_u32(b, args::LISTEN_BACKLOG, backlog);
+                b[args::LISTEN_ADDR..args::LISTEN_ADDR + 16].copy_from_slice(&addr);
             }
             R::Connect {
                 qp,
                 port,
                 addr,
                 remote_qpn,
+                private,
             } => {
                 set_u32(b, args::HANDLE, qp);
-                set_u32(b, args::CONNECT_PORT, port);
+                set_u32(b, args::CONNECT_PORT, port.into());
                 b[args::CONNECT_ADDR..args::CONNECT_ADDR + 16].copy_from_slice(&addr);
                 set_u32(b, args::CONNECT_REMOTE_QPN, remote_qpn);
+                private.emit(b, args::CONNECT_PDATA_SLOT, args::CONNECT_PDATA_LEN);
             }
-            R::Accept { listener, qp } => {
-                set_u32(b, args::HANDLE, listener);
+            R::Accept {
+                request,
+                qp,
+                private,
+            } => {
+                set_u32(b, args::HANDLE, request);
                 set_u32(b, args::ACCEPT_QP, qp);
+                private.emit(b, args::ACCEPT_PDATA_SLOT, args::ACCEPT_PDATA_LEN);
+            }
+            R::Reject { request, private } => {
+                set_u32(b, args::HANDLE, request);
+                private.emit(b, args::REJECT_PDATA_SLOT, args::REJECT_PDATA_LEN);
+            }
+            R::CmInfo { target, slot } => {
+                let (kind, h) = match target {
+                    CmTarget::Request(h) => (CmTarget::KIND_REQUEST, h),
+                    CmTarget::Qp(h) => (CmTarget::KIND_QP, h),
+                };
+                set_u32(b, args::HANDLE, h);
+                set_u8(b, args::CM_INFO_KIND, kind);
+                set_u8(b, args::CM_INFO_SLOT, slot);
             }
             R::ArmCq { cq, solicited_only } => {
                 set_u32(b, args::HANDLE, cq);
@@ -373,6 +528,12 @@ impl RequestRepr {
         self.emit(&mut b);
         b
     }
+}
+
+fn get_addr(b: &[u8], at: usize) -> [u8; 16] {
+    let mut a = [0u8; 16];
+    a.copy_from_slice(&b[at..at + 16]);
+    a
 }
 
 #[cfg(test)]
@@ -443,10 +604,107 @@ mod tests {
                 port: 0,
                 addr: [0; 16],
                 remote_qpn: 0x0102_0304,
+                private: PrivData::NONE,
             },
         };
         let b = r.to_bytes();
         assert_eq!(&b[32..36], &[4, 3, 2, 1]);
         assert_eq!(RequestRepr::parse(&b).unwrap(), r);
+    }
+
+    #[test]
+    fn cm_requests_from_literal_bytes() {
+        // Connect to [::ffff:127.0.0.2]:4791 with 200 bytes of private data in slot 3.
+        let mut b = [0u8; 64];
+        b[0] = 1;
+        b[4] = 14;
+        b[8] = 9; // qp
+        b[12..14].copy_from_slice(&4791u16.to_le_bytes());
+        b[26..28].copy_from_slice(&[0xff, 0xff]);
+        b[28..32].copy_from_slice(&[127, 0, 0, 2]);
+        b[36] = 3;
+        b[37] = 200;
+        let r = RequestRepr::parse(&b).unwrap();
+        let mut addr = [0u8; 16];
+        addr[10..12].copy_from_slice(&[0xff, 0xff]);
+        addr[12..].copy_from_slice(&[127, 0, 0, 2]);
+        assert_eq!(
+            r.request,
+            Request::Connect {
+                qp: 9,
+                port: 4791,
+                addr,
+                remote_qpn: 0,
+                private: PrivData { slot: 3, len: 200 }
+            }
+        );
+        assert_eq!(r.to_bytes(), b);
+        // Slot 16 does not exist; a port above 65535 is not a port; byte 38 is reserved.
+        let mut bad = b;
+        bad[36] = 16;
+        assert_eq!(
+            RequestRepr::parse(&bad).err(),
+            Some(AbiError::OutOfRange {
+                what: "CM page slot",
+                value: 16,
+                max: 15
+            })
+        );
+        let mut bad = b;
+        bad[14] = 1;
+        assert!(matches!(
+            RequestRepr::parse(&bad),
+            Err(AbiError::OutOfRange {
+                what: "TCP port",
+                ..
+            })
+        ));
+        let mut bad = b;
+        bad[38] = 1;
+        assert!(matches!(
+            RequestRepr::parse(&bad),
+            Err(AbiError::Reserved { .. })
+        ));
+
+        // CmInfo of a QP into slot 15; kind 3 is unknown.
+        let mut b = [0u8; 64];
+        b[4] = 24;
+        b[8] = 7;
+        b[12] = 2;
+        b[13] = 15;
+        assert_eq!(
+            RequestRepr::parse(&b).unwrap().request,
+            Request::CmInfo {
+                target: CmTarget::Qp(7),
+                slot: 15
+            }
+        );
+        b[12] = 3;
+        assert_eq!(
+            RequestRepr::parse(&b).err(),
+            Some(AbiError::Unknown {
+                what: "CM info kind",
+                value: 3
+            })
+        );
+        // Reject's private data is at 12/13; Accept's at 16/17.
+        let r = RequestRepr {
+            req_id: 2,
+            request: Request::Reject {
+                request: 5,
+                private: PrivData { slot: 1, len: 255 },
+            },
+        };
+        assert_eq!(&r.to_bytes()[12..14], &[1, 255]);
+        let a = RequestRepr {
+            req_id: 2,
+            request: Request::Accept {
+                request: 5,
+                qp: 6,
+                private: PrivData { slot: 2, len: 9 },
+            },
+        };
+        assert_eq!(&a.to_bytes()[12..18], &[6, 0, 0, 0, 2, 9]);
+        assert_eq!(RequestRepr::parse(&a.to_bytes()).unwrap(), a);
     }
 }

@@ -20,8 +20,25 @@ pub mod result {
     pub const PORT_MTU: usize = 16;
     pub const PORT_SPEED_MBPS: usize = 20;
     pub const PORT_GID: usize = 24;
-    /// Ops returning one handle (`AllocPd`, `Listen`).
+    /// Ops returning one handle (`AllocPd`).
     pub const HANDLE: usize = 12;
+    /// `Listen`: the listener and the port it is bound to (the kernel's choice for port 0).
+    pub const LISTEN_HANDLE: usize = 12;
+    pub const LISTEN_PORT: usize = 16;
+    /// `CmInfo`: local and remote address (IPv6 or v4-mapped) and port, and how many bytes
+    /// of the peer's private data were written to the CM page slot.
+    pub const CM_LOCAL_ADDR: usize = 12;
+    pub const CM_REMOTE_ADDR: usize = 28;
+    pub const CM_LOCAL_PORT: usize = 44;
+    pub const CM_REMOTE_PORT: usize = 46;
+    pub const CM_PRIVATE_LEN: usize = 48;
+    /// `CmInfo`: the peer's IRD and ORD (RDMA Reads outstanding; negotiated once established).
+    pub const CM_IRD: usize = 50;
+    pub const CM_ORD: usize = 52;
+    /// `CmPage`: the grant of the channel's CM page, its slots and their size.
+    pub const CM_PAGE_GREF: usize = 12;
+    pub const CM_PAGE_SLOTS: usize = 16;
+    pub const CM_PAGE_SLOT_LEN: usize = 20;
     /// `RegMr`.
     pub const MR_HANDLE: usize = 12;
     pub const MR_LKEY: usize = 16;
@@ -103,6 +120,19 @@ pub struct ChannelStats {
     pub notifications: u64,
 }
 
+/// The `CmInfo` result: both ends of a connection (request) and the length of the peer's
+/// private data, which is in the CM page slot the request named.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct CmInfoReply {
+    pub local_addr: [u8; 16],
+    pub local_port: u16,
+    pub remote_addr: [u8; 16],
+    pub remote_port: u16,
+    pub private_len: u8,
+    pub ird: u16,
+    pub ord: u16,
+}
+
 /// The result of a successful request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Reply {
@@ -124,8 +154,18 @@ pub enum Reply {
         speed_mbps: u32,
         gid: [u8; 16],
     },
-    /// A handle (`AllocPd`, `Listen`).
+    /// A handle (`AllocPd`).
     Handle(u32),
+    Listener {
+        listener: u32,
+        port: u16,
+    },
+    CmInfo(CmInfoReply),
+    CmPage {
+        gref: GrantRef,
+        slots: u32,
+        slot_len: u32,
+    },
     Mr {
         mr: u32,
         lkey: u32,
@@ -213,7 +253,25 @@ impl ResponseRepr {
                         gid,
                     }
                 }
-                Op::AllocPd | Op::Listen => Reply::Handle(get_u32(b, result::HANDLE)),
+                Op::AllocPd => Reply::Handle(get_u32(b, result::HANDLE)),
+                Op::Listen => Reply::Listener {
+                    listener: get_u32(b, result::LISTEN_HANDLE),
+                    port: get_u16(b, result::LISTEN_PORT),
+                },
+                Op::CmInfo => Reply::CmInfo(CmInfoReply {
+                    local_addr: get_addr(b, result::CM_LOCAL_ADDR),
+                    local_port: get_u16(b, result::CM_LOCAL_PORT),
+                    remote_addr: get_addr(b, result::CM_REMOTE_ADDR),
+                    remote_port: get_u16(b, result::CM_REMOTE_PORT),
+                    private_len: get_u8(b, result::CM_PRIVATE_LEN),
+                    ird: get_u16(b, result::CM_IRD),
+                    ord: get_u16(b, result::CM_ORD),
+                }),
+                Op::CmPage => Reply::CmPage {
+                    gref: get_u32(b, result::CM_PAGE_GREF),
+                    slots: get_u32(b, result::CM_PAGE_SLOTS),
+                    slot_len: get_u32(b, result::CM_PAGE_SLOT_LEN),
+                },
                 Op::RegMr => Reply::Mr {
                     mr: get_u32(b, result::MR_HANDLE),
                     lkey: get_u32(b, result::MR_LKEY),
@@ -317,7 +375,33 @@ impl ResponseRepr {
                 set_u32(b, result::PORT_SPEED_MBPS, speed_mbps);
                 b[result::PORT_GID..result::PORT_GID + 16].copy_from_slice(&gid);
             }
-            (Op::AllocPd | Op::Listen, Reply::Handle(h)) => set_u32(b, result::HANDLE, h),
+            (Op::AllocPd, Reply::Handle(h)) => set_u32(b, result::HANDLE, h),
+            (Op::Listen, Reply::Listener { listener, port }) => {
+                set_u32(b, result::LISTEN_HANDLE, listener);
+                set_u16(b, result::LISTEN_PORT, port);
+            }
+            (Op::CmInfo, Reply::CmInfo(i)) => {
+                b[result::CM_LOCAL_ADDR..result::CM_LOCAL_ADDR + 16].copy_from_slice(&i.local_addr);
+                b[result::CM_REMOTE_ADDR..result::CM_REMOTE_ADDR + 16]
+                    .copy_from_slice(&i.remote_addr);
+                set_u16(b, result::CM_LOCAL_PORT, i.local_port);
+                set_u16(b, result::CM_REMOTE_PORT, i.remote_port);
+                set_u8(b, result::CM_PRIVATE_LEN, i.private_len);
+                set_u16(b, result::CM_IRD, i.ird);
+                set_u16(b, result::CM_ORD, i.ord);
+            }
+            (
+                Op::CmPage,
+                Reply::CmPage {
+                    gref,
+                    slots,
+                    slot_len,
+                },
+            ) => {
+                set_u32(b, result::CM_PAGE_GREF, gref);
+                set_u32(b, result::CM_PAGE_SLOTS, slots);
+                set_u32(b, result::CM_PAGE_SLOT_LEN, slot_len);
+            }
             (Op::RegMr, Reply::Mr { mr, lkey, rkey }) => {
                 set_u32(b, result::MR_HANDLE, mr);
                 set_u32(b, result::MR_LKEY, lkey);
@@ -383,6 +467,12 @@ impl ResponseRepr {
     }
 }
 
+fn get_addr(b: &[u8], at: usize) -> [u8; 16] {
+    let mut a = [0u8; 16];
+    a.copy_from_slice(&b[at..at + 16]);
+    a
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -443,5 +533,53 @@ mod tests {
                 field: "control response"
             })
         );
+    }
+
+    #[test]
+    fn cm_replies_round_trip_at_their_offsets() {
+        let l = ResponseRepr {
+            req_id: 1,
+            op: Op::Listen,
+            status: Status::Ok,
+            reply: Reply::Listener {
+                listener: 0x11,
+                port: 0x1234,
+            },
+        };
+        let b = l.to_bytes();
+        assert_eq!(&b[12..18], &[0x11, 0, 0, 0, 0x34, 0x12]);
+        assert_eq!(ResponseRepr::parse(&b).unwrap(), l);
+        let i = ResponseRepr {
+            req_id: 2,
+            op: Op::CmInfo,
+            status: Status::Ok,
+            reply: Reply::CmInfo(CmInfoReply {
+                local_addr: [1; 16],
+                local_port: 2,
+                remote_addr: [3; 16],
+                remote_port: 4,
+                private_len: 255,
+                ird: 5,
+                ord: 6,
+            }),
+        };
+        let mut b = i.to_bytes();
+        assert_eq!(
+            (b[12], b[28], b[44], b[46], b[48], b[50], b[52]),
+            (1, 3, 2, 4, 255, 5, 6)
+        );
+        assert_eq!(ResponseRepr::parse(&b).unwrap(), i);
+        b[49] = 1;
+        assert!(matches!(
+            ResponseRepr::parse(&b),
+            Err(AbiError::Reserved { .. })
+        ));
+        // A Listen answer's port is 16 bits: bytes 18..20 are reserved.
+        let mut b = l.to_bytes();
+        b[18] = 1;
+        assert!(matches!(
+            ResponseRepr::parse(&b),
+            Err(AbiError::Reserved { .. })
+        ));
     }
 }
