@@ -6,7 +6,11 @@
 //! The two halves meet at [`Established`]: connection setup ends with a TCP stream in MPA Full
 //! Operation and the parameters both ends agreed on; the data path runs a QP over it.
 
+pub(crate) mod cm;
+
 use std::net::{SocketAddr, TcpStream};
+
+pub use cm::CrcPolicy;
 
 /// Which end of the connection this backend is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
