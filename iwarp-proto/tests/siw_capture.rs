@@ -307,10 +307,14 @@ fn check_connection(c: &Connection) -> Result<Iwarp, CheckError> {
 // ---------------------------------------------------------------------------------------
 // The fixtures
 
+/// A fixture from `tests/data/`, or from `$SIW_CAPTURE_DIR` when set (`run-siw.sh` points
+/// it at the captures it just made, so fresh siw traffic goes through the same checks).
 fn fixture(name: &str) -> Vec<u8> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data")
-        .join(name);
+    let dir = match std::env::var_os("SIW_CAPTURE_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data"),
+    };
+    let p = dir.join(name);
     std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 

@@ -6,8 +6,10 @@
 # in dom0, CRC off and on, captured with tcpdump — and copies the captures to
 # $LAB_BUILD/siw-captures/. With tshark on the host, checks that Wireshark's own iWARP
 # dissectors see every capture as MPA request + reply and DDP/RDMAP FPDUs with no malformed
-# frame, and in the CRC captures a CRC on every FPDU that Wireshark finds good.
-# Exit 0 iff the scenario PASSes and (with tshark) every capture passes those checks.
+# frame, and in the CRC captures a CRC on every FPDU that Wireshark finds good; then runs
+# iwarp-proto's siw_capture test (our codec) on them.
+# Exit 0 iff the scenario PASSes, (with tshark) every capture passes those checks, and the
+# codec test passes.
 #
 # Environment: LAB_BUILD (images, default target/xen-lab), LAB_TIMEOUT (default 900 s).
 set -euo pipefail
@@ -36,7 +38,7 @@ if command -v tshark >/dev/null; then
     # expert: the expert infos of severity warning and error (tshark -z expert), "<count> <summary>".
     expert() { sed -n -E '/^(Errors|Warns) \(/,/^$/p' | sed -n -E 's/^ +([0-9]+) +[^ ]+ +[^ ]+ +/\1 /p'; }
     tv=$(tshark --version | head -n1)
-    echo "=== $tv: on the captures"
+    echo "=== $tv, on the captures"
     for f in "$CAP"/*.pcap; do
         [ -e "$f" ] || { echo "no captures"; rc=1; break; }
         n() { "${TS[@]}" -r "$f" -Y "$1" 2>/dev/null | wc -l; }
@@ -63,6 +65,11 @@ if command -v tshark >/dev/null; then
 else
     echo "(tshark not installed: captures not dissected)"
 fi
+# The same captures through our own codec (iwarp-proto/tests/siw_capture.rs reads
+# $SIW_CAPTURE_DIR instead of its committed fixtures).
+echo "=== iwarp-proto's siw_capture test on the captures"
+(cd "$ROOT" && SIW_CAPTURE_DIR=$CAP cargo test -q -p iwarp-proto --test siw_capture 2>&1 | tail -n 3) | tee "$B/siw-codec.out"
+grep -q 'test result: ok' "$B/siw-codec.out" || rc=1
 echo "=== run-siw: $(( $(date +%s) - T0 )) s; host after the run: $(uptime)"
 tail -n 2 "$OUT"
 exit $rc
