@@ -6,6 +6,10 @@
 #   $LAB_BUILD/dom0.cpio  dom0 initramfs: busybox, the Xen toolstack and libraries, modules,
 #                         the domU kernel and initramfs, the lab library
 #   $LAB_BUILD/domU.cpio  domU initramfs: busybox, xenstore tools, modules, xenlab-probe
+# dom0.cpio also carries RDMA (not loaded at boot; a scenario loads it, see scenarios/siw): the
+# kernel's rdma modules (listed in /etc/lab-rdma-modules) and rdma-core user space (libibverbs
+# with the siw and rxe providers, librdmacm, rping, ibv_devinfo, perftest, iproute2's ip and
+# rdma, tcpdump). siw itself is not in Debian's kernel: build-siw.sh builds it.
 # LAB_BUILD defaults to <project>/target/xen-lab. Nothing is installed into the host except
 # build tools (cpio, kmod, gcc, libc6-dev, libxen-dev). The images are rebuilt when this
 # script or a guest file changes (a stamp holds their checksum).
@@ -27,6 +31,12 @@ PKGS=(xen-hypervisor-4.17-amd64 xen-utils-4.17 xen-utils-common xenstore-utils
       libxenmisc4.17 libxenstore4 libxengnttab1 libxenevtchn1 libxencall1
       libxenforeignmemory1 libxentoollog1 libxentoolcore1 libxendevicemodel1
       libxenhypfs1 libyajl2 linux-image-amd64 busybox-static)
+# RDMA user space for dom0 (and the libraries they need that a minimal host may lack).
+RDMA_PKGS=(libibverbs1 ibverbs-providers librdmacm1 rdmacm-utils ibverbs-utils perftest iproute2
+      tcpdump libpcap0.8 libnl-3-200 libnl-route-3-200 libibumad3 libpci3 libmnl0 libbsd0 libcap2
+      libbpf1 libelf1 libmd0 libdbus-1-3 libxtables12)
+RDMA_MODS=(ib_core ib_uverbs iw_cm ib_cm configfs rdma_cm rdma_ucm dummy crc32c_generic libcrc32c
+      crc32_generic udp_tunnel ip6_udp_tunnel rdma_rxe)
 
 need_host=()
 for t in cpio:cpio depmod:kmod gcc:gcc; do command -v "${t%%:*}" >/dev/null || need_host+=("${t##*:}"); done
@@ -42,6 +52,10 @@ if ! ls debs/linux-image-6.*-amd64_*.deb >/dev/null 2>&1 || ! ls debs/xen-hyperv
     timeout 300 apt-get update -qq || true
     KPKG=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-/{print $2; exit}')
     (cd debs && timeout 600 apt-get -o APT::Sandbox::User=root download "${PKGS[@]/linux-image-amd64/$KPKG}")
+fi
+if ! ls debs/rdmacm-utils_*.deb >/dev/null 2>&1; then
+    timeout 300 apt-get update -qq || true
+    (cd debs && timeout 600 apt-get -o APT::Sandbox::User=root download "${RDMA_PKGS[@]}")
 fi
 if [ ! -d root ] || [ debs -nt root ]; then
     rm -rf root && mkdir root
@@ -82,9 +96,9 @@ copy_bin() {
 }
 
 # add_modules <staging-dir> <module names...>: modules + dependencies, and /etc/lab-modules
-# (relative paths in dependency order) for the init scripts.
+# (relative paths in dependency order) for the init scripts; LIST=name writes /etc/name instead.
 add_modules() {
-    local st=$1; shift
+    local st=$1 list=${LIST:-lab-modules}; shift
     local dep=root/lib/modules/$KVER/modules.dep order=()
     resolve() {
         local path
@@ -97,10 +111,10 @@ add_modules() {
     }
     for m in "$@"; do resolve "$m"; done
     mkdir -p "$st/etc"
-    : > "$st/etc/lab-modules"
+    : > "$st/etc/$list"
     for p in "${order[@]}"; do
         install -D -m 0644 "root/lib/modules/$KVER/$p" "$st/lib/modules/$p"
-        echo "$p" >> "$st/etc/lab-modules"
+        echo "$p" >> "$st/etc/$list"
     done
 }
 
@@ -144,6 +158,18 @@ done
 mkdir -p "$S/etc/xen" "$S/var/lib/xen" "$S/var/log/xen"
 printf 'autoballoon="off"\n' > "$S/etc/xen/xl.conf"
 add_modules "$S" "${XMODS[@]}" virtio_pci 9pnet_virtio 9p
+# RDMA: modules in /etc/lab-rdma-modules (a scenario insmods them in order), user space.
+LIST=lab-rdma-modules add_modules "$S" "${RDMA_MODS[@]}"
+for b in /usr/bin/rping /usr/bin/ibv_devinfo /usr/bin/ibv_devices /usr/bin/rdma /bin/ip /usr/bin/tcpdump \
+         /usr/bin/ib_write_bw /usr/bin/ib_write_lat /usr/bin/ib_read_bw /usr/bin/ib_read_lat \
+         /usr/bin/ib_send_bw /usr/bin/ib_send_lat; do
+    copy_bin "$S" "root$b" "/usr/lib/lab-rdma/$(basename "$b")"   # not on PATH by default:
+done                                                             # busybox's ip stays the default
+for p in siw rxe; do
+    copy_bin "$S" "root/usr/lib/x86_64-linux-gnu/libibverbs/lib$p-rdmav34.so" "/usr/lib/x86_64-linux-gnu/libibverbs/lib$p-rdmav34.so"
+    install -D -m 0644 "root/etc/libibverbs.d/$p.driver" "$S/etc/libibverbs.d/$p.driver"
+done
+cp -a root/etc/iproute2 "$S/etc/"
 install -m 0755 "$HERE/guest/init-dom0.sh" "$S/init"
 install -m 0644 "$HERE/guest/lab-lib.sh" "$S/lab/lab-lib.sh"
 install -m 0644 "$HERE/guest/domU.cfg.in" "$S/lab/domU.cfg.in"
