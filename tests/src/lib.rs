@@ -18,6 +18,7 @@ use xen_platform::{DomId, ENV_SIM_DIR, ENV_SIM_DOMID};
 use xenstore_proto::client::Client;
 
 pub mod procstat;
+pub mod proxy;
 
 /// How long one guest command may take before the test calls it a hang.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
