@@ -2,10 +2,15 @@
 //! the test process (grants, event channels and XenStore), the vrdma backend serving it, and
 //! guest processes (`vrdma-guest`) running in simulated domains, driven line by line.
 //!
+//! [`Lab`] is one such host; [`TwoHosts`] is two of them side by side on this machine, whose
+//! backends have their own loopback addresses (127.0.0.2 and 127.0.0.3), for the inter-host
+//! tests; [`proxy`] is a TCP proxy that resets, stalls or corrupts a connection between them.
+//!
 //! Nothing here skips: when something the tests need is missing (the backend binary, a
 //! domain), the helpers panic with a sentence saying what to do.
 
 use std::io::{BufRead, BufReader, Write};
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
@@ -33,7 +38,45 @@ pub struct Lab {
     pub dom0: Client,
     backend: Option<Child>,
     config: PathBuf,
+    name: String,
+    address: Option<IpAddr>,
+    address_in_config: bool,
     _tmp: tempfile::TempDir,
+}
+
+/// Host A of the two simulated hosts: its backend's address.
+pub const HOST_A_ADDR: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+/// Host B of the two simulated hosts: its backend's address.
+pub const HOST_B_ADDR: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 3));
+
+/// The backend configuration key naming the address its device listens and connects from
+/// (DESIGN §12: each simulated host gets its own loopback address).
+pub const ADDRESS_KEY: &str = "address";
+
+/// Whether this build's backend configuration has the [`ADDRESS_KEY`] key (`address =
+/// "127.0.0.2"`): asked of the backend's own parser, so the harness passes the address as soon
+/// as the key exists, and never writes a key an older backend would refuse (its configuration
+/// denies unknown keys, and a refused configuration stops the daemon).
+pub fn backend_takes_address() -> bool {
+    vrdma_backend::config::Config::parse(&format!("{ADDRESS_KEY} = \"{HOST_A_ADDR}\"\n"), "probe")
+        .is_ok()
+}
+
+/// The configuration text of a backend at `address`: `config` with the [`ADDRESS_KEY`] line
+/// first (top-level keys precede tables in TOML) when the backend has the key and `config`
+/// does not set it already; whether the line is in.
+pub fn config_with_address(config: &str, address: Option<IpAddr>) -> (String, bool) {
+    let sets_it = config.lines().any(|l| {
+        l.trim_start()
+            .strip_prefix(ADDRESS_KEY)
+            .is_some_and(|r| r.trim_start().starts_with('='))
+    });
+    match address {
+        Some(a) if !sets_it && backend_takes_address() => {
+            (format!("{ADDRESS_KEY} = \"{a}\"\n{config}"), true)
+        }
+        _ => (config.to_string(), sets_it),
+    }
 }
 
 /// Where cargo put the binaries of this build (`target/<profile>`).
@@ -70,24 +113,57 @@ impl Lab {
 
     /// [`Lab::start`] with a backend configuration file of this TOML text (docs/backend.md).
     pub fn start_with_config(config: &str) -> Lab {
+        Lab::start_host("e2e", None, config)
+    }
+
+    /// A complete simulated host named `name` (its own directory, hypervisor, XenStore and
+    /// backend process) whose backend has `address` (through the [`ADDRESS_KEY`]
+    /// configuration key when the backend has it, see [`config_with_address`]; the address is
+    /// kept here either way, [`Lab::address`]). Several run side by side on one machine:
+    /// nothing of one host is at a fixed path, port or name ([`TwoHosts`]).
+    pub fn start_host(name: &str, address: Option<IpAddr>, config: &str) -> Lab {
         let tmp = tempfile::Builder::new()
-            .prefix("vrdma-e2e")
+            .prefix(&format!("vrdma-{name}-"))
             .tempdir()
             .expect("tempdir");
         let host = SimHost::start(SimHostConfig::new(tmp.path().join("host")))
-            .expect("start the simulated host");
+            .unwrap_or_else(|e| panic!("start simulated host {name}: {e}"));
         let dom0 = Client::connect(sock::xenstore_socket(host.dir(), 0)).expect("dom0 xenstore");
         let cfg = tmp.path().join("backend.toml");
-        std::fs::write(&cfg, config).expect("write the backend config");
+        let (text, address_in_config) = config_with_address(config, address);
+        std::fs::write(&cfg, text).expect("write the backend config");
         let mut lab = Lab {
             host,
             dom0,
             backend: None,
             config: cfg,
+            name: name.to_string(),
+            address,
+            address_in_config,
             _tmp: tmp,
         };
         lab.start_backend();
         lab
+    }
+
+    /// The host's name (in its directory's name and in panics).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The address of the host's backend, if it was given one.
+    pub fn address(&self) -> Option<IpAddr> {
+        self.address
+    }
+
+    /// Whether the backend's configuration file names its address (see [`config_with_address`]).
+    pub fn address_in_config(&self) -> bool {
+        self.address_in_config
+    }
+
+    /// The backend's configuration file.
+    pub fn config_path(&self) -> &Path {
+        &self.config
     }
 
     fn domain_env(&self, cmd: &mut Command, domid: DomId) {
@@ -351,5 +427,35 @@ pub struct Wc {
 impl Wc {
     pub fn ok(&self) -> bool {
         self.status == "Success"
+    }
+}
+
+/// Two complete simulated hosts on this machine, A and B: each its own directory, simulated
+/// hypervisor, XenStore and backend process, the backends at [`HOST_A_ADDR`] (127.0.0.2) and
+/// [`HOST_B_ADDR`] (127.0.0.3). Guests run on either host with [`Lab::spawn_guest`] on
+/// `hosts.a` or `hosts.b`. Dropping it stops both (backends killed, hosts stopped, directories
+/// removed).
+pub struct TwoHosts {
+    pub a: Lab,
+    pub b: Lab,
+}
+
+impl TwoHosts {
+    /// Both hosts with the default backend configuration.
+    pub fn start() -> TwoHosts {
+        TwoHosts::start_with_config("")
+    }
+
+    /// Both hosts, each backend with this configuration text (plus its address).
+    pub fn start_with_config(config: &str) -> TwoHosts {
+        TwoHosts {
+            a: Lab::start_host("host-a", Some(HOST_A_ADDR), config),
+            b: Lab::start_host("host-b", Some(HOST_B_ADDR), config),
+        }
+    }
+
+    /// Both hosts, A then B.
+    pub fn both(&mut self) -> [&mut Lab; 2] {
+        [&mut self.a, &mut self.b]
     }
 }
