@@ -12,7 +12,8 @@
 //!   0xff (a corrupted byte that TCP's own checksum did not catch: MPA's CRC must).
 //!
 //! [`Proxy::cut`] resets every open connection at once (a cable cut mid-transfer, whatever the
-//! fault).
+//! fault). [`Proxy::in_front_of`] listens on the target's own address (another port), so the
+//! side that connects still talks to the target's host address.
 //!
 //! Bounded: at most [`MAX_CONNECTIONS`] connections (more are refused: accepted and closed),
 //! every socket has a read timeout of [`TICK`] (the threads look at the stop flag between
@@ -128,6 +129,14 @@ impl Proxy {
     /// A proxy that forwards everything.
     pub fn pass(listen_ip: IpAddr, target: SocketAddr) -> io::Result<Proxy> {
         Proxy::start(listen_ip, target, Fault::Pass, Dir::ToTarget)
+    }
+
+    /// A proxy listening on the target's own address (another port): to the side that
+    /// connects, the proxy is the target's host — host A's backend reaching host B at
+    /// 127.0.0.3 through it still talks to 127.0.0.3, which B's allowed-peer lists and
+    /// addresses expect.
+    pub fn in_front_of(target: SocketAddr, fault: Fault, dir: Dir) -> io::Result<Proxy> {
+        Proxy::start(target.ip(), target, fault, dir)
     }
 
     /// Where to connect to go through the proxy.
@@ -418,23 +427,28 @@ mod tests {
         let target = TcpListener::bind(SocketAddr::new(HOST_B, 0)).unwrap();
         let proxy = Proxy::start(HOST_A, target.local_addr().unwrap(), fault, dir).unwrap();
         let client = TcpStream::connect_timeout(&proxy.addr(), T).unwrap();
-        target.set_nonblocking(true).unwrap();
-        let deadline = Instant::now() + T;
-        let server = loop {
-            match target.accept() {
-                Ok((s, _)) => break s,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock && Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(2))
-                }
-                Err(e) => panic!("the proxy did not connect to the target: {e}"),
-            }
-        };
+        let server = accept_within(&target);
         for s in [&client, &server] {
             s.set_nonblocking(false).unwrap();
             s.set_read_timeout(Some(T)).unwrap();
             s.set_write_timeout(Some(T)).unwrap();
         }
         (client, server, proxy)
+    }
+
+    /// The proxy's connection to `target`, within [`T`].
+    fn accept_within(target: &TcpListener) -> TcpStream {
+        target.set_nonblocking(true).unwrap();
+        let deadline = Instant::now() + T;
+        loop {
+            match target.accept() {
+                Ok((s, _)) => return s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(2))
+                }
+                Err(e) => panic!("the proxy did not connect to the target: {e}"),
+            }
+        }
     }
 
     /// Reads until end of stream or an error: what came, and how it ended (`None`: a clean
@@ -595,6 +609,21 @@ mod tests {
             read_to_end_or_err(&c).1,
             Some(io::ErrorKind::ConnectionReset)
         );
+    }
+
+    #[test]
+    fn in_front_of_listens_on_the_targets_address() {
+        let target = TcpListener::bind(SocketAddr::new(HOST_B, 0)).unwrap();
+        let t = target.local_addr().unwrap();
+        let proxy = Proxy::in_front_of(t, Fault::Pass, Dir::ToTarget).unwrap();
+        assert_eq!(proxy.addr().ip(), HOST_B);
+        assert_ne!(proxy.addr().port(), t.port());
+        let mut c = TcpStream::connect_timeout(&proxy.addr(), T).unwrap();
+        let s = accept_within(&target);
+        s.set_nonblocking(false).unwrap();
+        s.set_read_timeout(Some(T)).unwrap();
+        c.write_all(b"ping").unwrap();
+        assert_eq!(read_n(&s, 4), b"ping");
     }
 
     #[test]
