@@ -266,6 +266,16 @@ impl Lab {
         }
     }
 
+    /// A new domain named `name` with device 0 attached (default quotas) and `vrdma-guest` (at
+    /// `exe`) running in it with its device open in `mode` (`bypass` or `mediated`).
+    pub fn start_guest(&self, exe: &Path, name: &str, mode: &str) -> Guest {
+        let d = self.create_guest(name);
+        self.attach(d, &[]);
+        let mut g = self.spawn_guest(exe, d);
+        g.cmd(&format!("open {mode}"));
+        g
+    }
+
     /// The numeric nodes under the backend's stats node of the domain's device 0
     /// (`/local/domain/0/vrdma-stats/<D>/0`),
     /// as (name, value).
@@ -457,5 +467,14 @@ impl TwoHosts {
     /// Both hosts, A then B.
     pub fn both(&mut self) -> [&mut Lab; 2] {
         [&mut self.a, &mut self.b]
+    }
+
+    /// A guest on each host (domains named `a` and `b`, see [`Lab::start_guest`]): the two
+    /// ends of an inter-host test.
+    pub fn guests(&self, exe: &Path, mode: &str) -> (Guest, Guest) {
+        (
+            self.a.start_guest(exe, "a", mode),
+            self.b.start_guest(exe, "b", mode),
+        )
     }
 }
