@@ -15,7 +15,7 @@
 use anyhow::Result;
 use serde_json::json;
 
-use crate::baseline::{stream_iters, tcp_pingpong_rtts, tcp_stream_bw, Endpoints, Poll};
+use crate::baseline::{tcp_pingpong_rtts, tcp_stream_bw, Endpoints, Poll};
 use crate::run::{PerfArgs, Test};
 use crate::stats::{bw_table, latency_table, BwRow, LatencyRow};
 
@@ -73,11 +73,7 @@ pub fn run(args: &PerfArgs, sizes: &[usize], iters: Option<usize>) -> Result<Tcp
             for &size in sizes {
                 let n = match iters {
                     Some(n) => n.max(1),
-                    None => stream_iters(size, 1).max(bench_support::tcp::count_for(
-                        size,
-                        DEFAULT_STREAM_BYTES,
-                        1,
-                    )),
+                    None => bench_support::tcp::count_for(size, DEFAULT_STREAM_BYTES, 1),
                 };
                 report.stream.push(tcp_stream_bw(ends, size, n)?);
             }
