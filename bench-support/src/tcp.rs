@@ -13,7 +13,8 @@
 //!   non-blocking sockets read in a loop, **two threads spin** (the measuring thread and the
 //!   echo thread), the way a busy-polling RDMA ping-pong spins. Sampled per round trip
 //!   ([`TcpPingPong::per_round_trip`], as `vrdma-perf` times its own latencies) or in batches
-//!   ([`TcpPingPong::measure`], as the floor is).
+//!   ([`TcpPingPong::measure`], as the floor is; [`pingpong_samples`] is the standard one for
+//!   benches).
 //! * [`stream`] — one thread writes `count` messages of `size` bytes, another reads them all
 //!   and answers one byte; timed from the first write to that answer. Blocking sockets, **no
 //!   thread spins**.
@@ -341,6 +342,27 @@ impl Drop for TcpPingPong {
     }
 }
 
+/// How a TCP ping-pong is sampled in batches (as the floor is, [`Batches::FLOOR`], with
+/// batches of 1 000 round trips: a TCP round trip costs some 100 cache-line ones): one warm-up
+/// batch, then 5 to 31 batches, no new one after 1 s.
+pub const PINGPONG_BATCHES: Batches = Batches {
+    size: 1_000,
+    min: 5,
+    max: 31,
+    time_cap: Duration::from_secs(1),
+};
+
+/// The standard batch-sampled TCP ping-pong between `ends` (ns per round trip, one sample per
+/// batch of [`PINGPONG_BATCHES`]): the denominator a bench divides an inter-host round trip of
+/// the same size by (`report::RatioRecord::of(id, &value, &this)`), with the same `poll` as the
+/// figure (busy-polling against [`Poll::Busy`]).
+pub fn pingpong_samples(ends: Endpoints, size: usize, poll: Poll) -> io::Result<Samples> {
+    let mut pp = TcpPingPong::start(ends, size, poll)?;
+    let s = pp.measure(PINGPONG_BATCHES)?;
+    pp.finish()?;
+    Ok(s)
+}
+
 /// What [`stream`] measured.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StreamRun {
@@ -468,6 +490,13 @@ mod tests {
         assert_eq!(count_for(1 << 20, 16 << 20, 1), 16);
         assert_eq!(count_for(3, 10, 1), 4);
         assert_eq!(count_for(1 << 20, 1, 5), 5);
+    }
+
+    #[test]
+    fn standard_pingpong_samples_are_batches() {
+        let s = pingpong_samples(Endpoints::TWO_HOSTS, 64, Poll::Blocking).unwrap();
+        assert!((5..=31).contains(&s.len()), "{}", s.len());
+        assert!(s.median() > 0.0);
     }
 
     #[test]
