@@ -193,6 +193,18 @@ impl Drop for Proxy {
         if let Some(h) = self.acceptor.take() {
             let _ = h.join();
         }
+        // Wake pumps blocked in a write to a peer that stopped reading (they would otherwise
+        // wait out WRITE_TIMEOUT) and in reads.
+        for c in self
+            .shared
+            .conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            let _ = c.outer.shutdown(Shutdown::Both);
+            let _ = c.inner.shutdown(Shutdown::Both);
+        }
         // The acceptor is gone: nobody adds threads any more.
         let threads = std::mem::take(
             &mut *self
