@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, Context as _, Result};
+use anyhow::{anyhow, bail, Context as _, Result};
 use vrdma_backend::config::Config;
 use vrdma_backend::control::ControlOpener;
 use vrdma_backend::daemon::host::{self, HostChoice};
@@ -37,15 +37,23 @@ pub struct Lab {
 
 /// The backend configuration of a host at `address`: the default, with `address = "..."`
 /// when this build's backend has that key (asked of its own parser: a configuration with an
-/// unknown key is refused); whether the address is in.
-pub fn backend_config(address: Option<IpAddr>) -> (Config, bool) {
-    match address {
+/// unknown key is refused); whether the address is in. An error if the backend has the key
+/// but refuses that form.
+pub fn backend_config(address: Option<IpAddr>) -> Result<(Config, bool)> {
+    Ok(match address {
         Some(a) => match Config::parse(&format!("address = \"{a}\"\n"), "vrdma-demo") {
             Ok(c) => (c, true),
-            Err(_) => (Config::default(), false),
+            // An older backend: no such key (the demo says the address is its own).
+            Err(e) if e.to_string().contains("unknown field `address`") => {
+                (Config::default(), false)
+            }
+            Err(e) => bail!(
+                "the backend configuration has an `address` key but refuses \"{a}\": {e} — \
+                 teach vrdma_demo::lab::backend_config its form"
+            ),
         },
         None => (Config::default(), false),
-    }
+    })
 }
 
 /// Progress on stdout.
@@ -87,7 +95,7 @@ impl Lab {
             .sim_dir()
             .ok_or_else(|| anyhow!("the embedded host is not a simulated host"))?
             .to_path_buf();
-        let (config, address_in_config) = backend_config(address);
+        let (config, address_in_config) = backend_config(address)?;
         step(&format!(
             "starting the vrdma backend{label} (software RDMA device) as dom0{}",
             match (address, address_in_config) {

@@ -56,10 +56,24 @@ pub const ADDRESS_KEY: &str = "address";
 /// Whether this build's backend configuration has the [`ADDRESS_KEY`] key (`address =
 /// "127.0.0.2"`): asked of the backend's own parser, so the harness passes the address as soon
 /// as the key exists, and never writes a key an older backend would refuse (its configuration
-/// denies unknown keys, and a refused configuration stops the daemon).
+/// denies unknown keys, and a refused configuration stops the daemon). Panics if the key
+/// exists but refuses that form, so a change of form fails the tests instead of silently
+/// leaving the address out.
 pub fn backend_takes_address() -> bool {
-    vrdma_backend::config::Config::parse(&format!("{ADDRESS_KEY} = \"{HOST_A_ADDR}\"\n"), "probe")
-        .is_ok()
+    let probe = format!("{ADDRESS_KEY} = \"{HOST_A_ADDR}\"\n");
+    match vrdma_backend::config::Config::parse(&probe, "probe") {
+        Ok(_) => true,
+        Err(e)
+            if e.to_string()
+                .contains(&format!("unknown field `{ADDRESS_KEY}`")) =>
+        {
+            false
+        }
+        Err(e) => panic!(
+            "the backend configuration has an `{ADDRESS_KEY}` key but refuses {probe:?}: {e} \
+             — teach vrdma_tests::config_with_address its form"
+        ),
+    }
 }
 
 /// The configuration text of a backend at `address`: `config` with the [`ADDRESS_KEY`] line
