@@ -11,6 +11,9 @@
 //! * [`Fault::FlipByte`]`(n)` — forwards everything, with the byte at offset `n` XORed with
 //!   0xff (a corrupted byte that TCP's own checksum did not catch: MPA's CRC must).
 //!
+//! Offsets and counts are of the connection's byte stream in that direction from its first
+//! byte (for iWARP: the MPA request or reply included), per connection.
+//!
 //! [`Proxy::cut`] resets every open connection at once (a cable cut mid-transfer, whatever the
 //! fault). [`Proxy::in_front_of`] listens on the target's own address (another port), so the
 //! side that connects still talks to the target's host address.
