@@ -35,25 +35,27 @@ pub struct Lab {
     _tmp: Option<tempfile::TempDir>,
 }
 
-/// The backend configuration of a host at `address`: the default, with `address = "..."`
-/// when this build's backend has that key (asked of its own parser: a configuration with an
-/// unknown key is refused); whether the address is in. An error if the backend has the key
-/// but refuses that form.
+/// The backend configuration of a host at `address`: the default, with `address =
+/// ["..."]` when this build's backend has that key (asked of its own parser: a configuration
+/// with an unknown key is refused); whether the address is in. An error if the backend has
+/// the key but refuses that form.
 pub fn backend_config(address: Option<IpAddr>) -> Result<(Config, bool)> {
-    Ok(match address {
-        Some(a) => match Config::parse(&format!("address = \"{a}\"\n"), "vrdma-demo") {
+    let Some(a) = address else {
+        return Ok((Config::default(), false));
+    };
+    Ok(
+        match Config::parse(&format!("address = [\"{a}\"]\n"), "vrdma-demo") {
             Ok(c) => (c, true),
             // An older backend: no such key (the demo says the address is its own).
             Err(e) if e.to_string().contains("unknown field `address`") => {
                 (Config::default(), false)
             }
             Err(e) => bail!(
-                "the backend configuration has an `address` key but refuses \"{a}\": {e} — \
+                "the backend configuration has an `address` key but refuses [\"{a}\"]: {e} — \
                  teach vrdma_demo::lab::backend_config its form"
             ),
         },
-        None => (Config::default(), false),
-    })
+    )
 }
 
 /// Progress on stdout.

@@ -49,47 +49,126 @@ pub const HOST_A_ADDR: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
 /// Host B of the two simulated hosts: its backend's address.
 pub const HOST_B_ADDR: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 3));
 
-/// The backend configuration key naming the address its device listens and connects from
-/// (DESIGN §12: each simulated host gets its own loopback address).
+/// The backend configuration key naming the address(es) its device listens and connects
+/// from (DESIGN §12: each simulated host gets its own loopback address).
 pub const ADDRESS_KEY: &str = "address";
 
-/// Whether this build's backend configuration has the [`ADDRESS_KEY`] key (`address =
-/// "127.0.0.2"`): asked of the backend's own parser, so the harness passes the address as soon
-/// as the key exists, and never writes a key an older backend would refuse (its configuration
-/// denies unknown keys, and a refused configuration stops the daemon). Panics if the key
-/// exists but refuses that form, so a change of form fails the tests instead of silently
-/// leaving the address out.
-pub fn backend_takes_address() -> bool {
-    let probe = format!("{ADDRESS_KEY} = \"{HOST_A_ADDR}\"\n");
-    match vrdma_backend::config::Config::parse(&probe, "probe") {
-        Ok(_) => true,
-        Err(e)
-            if e.to_string()
-                .contains(&format!("unknown field `{ADDRESS_KEY}`")) =>
-        {
-            false
+/// The forms of the [`ADDRESS_KEY`] line tried, in order: a list (`address = ["127.0.0.2"]`,
+/// the backend's form), then a single string.
+fn address_forms(a: IpAddr) -> [String; 2] {
+    [
+        format!("{ADDRESS_KEY} = [\"{a}\"]"),
+        format!("{ADDRESS_KEY} = \"{a}\""),
+    ]
+}
+
+/// The [`ADDRESS_KEY`] line this build's backend takes for `a`, or `None` if its
+/// configuration has no such key: asked of the backend's own parser, so the harness passes the
+/// address as soon as the key exists, and never writes a key an older backend would refuse
+/// (its configuration denies unknown keys, and a refused configuration stops the daemon).
+/// Panics if the key exists but refuses every known form, so a change of form fails the tests
+/// instead of silently leaving the address out.
+pub fn address_line(a: IpAddr) -> Option<String> {
+    address_line_with(a, |text| {
+        vrdma_backend::config::Config::parse(text, "probe")
+            .map(drop)
+            .map_err(|e| e.to_string())
+    })
+}
+
+/// [`address_line`] with this configuration parser.
+fn address_line_with(a: IpAddr, parse: impl Fn(&str) -> Result<(), String>) -> Option<String> {
+    let mut refusals = Vec::new();
+    for line in address_forms(a) {
+        match parse(&format!("{line}\n")) {
+            Ok(()) => return Some(line),
+            Err(e) if e.contains(&format!("unknown field `{ADDRESS_KEY}`")) => return None,
+            Err(e) => refusals.push(format!("{line:?}: {e}")),
         }
-        Err(e) => panic!(
-            "the backend configuration has an `{ADDRESS_KEY}` key but refuses {probe:?}: {e} \
-             — teach vrdma_tests::config_with_address its form"
-        ),
     }
+    panic!(
+        "the backend configuration has an `{ADDRESS_KEY}` key but refuses every form the \
+         harness knows ({}) — teach vrdma_tests::address_forms its form",
+        refusals.join("; ")
+    )
+}
+
+#[cfg(test)]
+mod address_tests {
+    use super::*;
+
+    #[test]
+    fn the_address_line_is_the_first_form_the_backend_takes() {
+        let list = |t: &str| {
+            if t.contains('[') {
+                Ok(())
+            } else {
+                Err("invalid type: string, expected a sequence".to_string())
+            }
+        };
+        assert_eq!(
+            address_line_with(HOST_B_ADDR, list).as_deref(),
+            Some("address = [\"127.0.0.3\"]")
+        );
+        let string = |t: &str| {
+            if t.contains('[') {
+                Err("invalid type: sequence, expected a string".to_string())
+            } else {
+                Ok(())
+            }
+        };
+        assert_eq!(
+            address_line_with(HOST_B_ADDR, string).as_deref(),
+            Some("address = \"127.0.0.3\"")
+        );
+        let older = |_: &str| Err("unknown field `address`, expected one of `log-level`".into());
+        assert_eq!(address_line_with(HOST_B_ADDR, older), None);
+    }
+
+    #[test]
+    #[should_panic(expected = "refuses every form the harness knows")]
+    fn an_address_key_of_another_form_fails_loudly() {
+        address_line_with(
+            HOST_A_ADDR,
+            |_| Err("invalid type: expected a table".into()),
+        );
+    }
+
+    #[test]
+    fn the_config_gets_the_line_first_unless_it_sets_the_address_itself() {
+        let (text, _) = config_with_address("[quotas]\nmax-qps = 2\n", Some(HOST_A_ADDR));
+        assert!(text.ends_with("[quotas]\nmax-qps = 2\n"), "{text}");
+        assert_eq!(
+            text.starts_with("address"),
+            backend_takes_address(),
+            "{text}"
+        );
+        let own = "address = [\"127.0.0.9\"]\n";
+        assert_eq!(
+            config_with_address(own, Some(HOST_A_ADDR)),
+            (own.to_string(), true)
+        );
+        assert_eq!(config_with_address("", None), (String::new(), false));
+    }
+}
+
+/// Whether this build's backend configuration has the [`ADDRESS_KEY`] key.
+pub fn backend_takes_address() -> bool {
+    address_line(HOST_A_ADDR).is_some()
 }
 
 /// The configuration text of a backend at `address`: `config` with the [`ADDRESS_KEY`] line
 /// first (top-level keys precede tables in TOML) when the backend has the key and `config`
-/// does not set it already; whether the line is in.
+/// does not set it already; whether the address line is in.
 pub fn config_with_address(config: &str, address: Option<IpAddr>) -> (String, bool) {
     let sets_it = config.lines().any(|l| {
         l.trim_start()
             .strip_prefix(ADDRESS_KEY)
             .is_some_and(|r| r.trim_start().starts_with('='))
     });
-    match address {
-        Some(a) if !sets_it && backend_takes_address() => {
-            (format!("{ADDRESS_KEY} = \"{a}\"\n{config}"), true)
-        }
-        _ => (config.to_string(), sets_it),
+    match address.filter(|_| !sets_it).and_then(address_line) {
+        Some(line) => (format!("{line}\n{config}"), true),
+        None => (config.to_string(), sets_it),
     }
 }
 

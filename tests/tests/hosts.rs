@@ -62,7 +62,7 @@ fn two_hosts_run_guests_side_by_side_independently() {
     assert_eq!(hosts.b.address(), Some(HOST_B_ADDR));
     let config_b = std::fs::read_to_string(hosts.b.config_path()).unwrap();
     assert_eq!(
-        config_b.contains(&format!("address = \"{HOST_B_ADDR}\"")),
+        config_b.contains(&format!("\"{HOST_B_ADDR}\"")),
         backend_takes_address(),
         "host B's backend configuration names its address exactly when the backend has the \
          key:\n{config_b}"
