@@ -79,6 +79,8 @@ struct Shared {
     refused: AtomicU64,
     fired: AtomicU64,
     forwarded: [AtomicU64; 2],
+    /// Proxy threads running (counted before they start, uncounted as they end).
+    live: AtomicU64,
 }
 
 /// One proxied connection: the accepted socket and the one to the target.
@@ -116,12 +118,16 @@ impl Proxy {
             accepted: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             fired: AtomicU64::new(0),
+            live: AtomicU64::new(1),
             forwarded: [AtomicU64::new(0), AtomicU64::new(0)],
         });
         let s = shared.clone();
         let acceptor = std::thread::Builder::new()
             .name("proxy-accept".into())
-            .spawn(move || accept_loop(&s, listener))?;
+            .spawn(move || {
+                accept_loop(&s, listener);
+                s.live.fetch_sub(1, Ordering::SeqCst);
+            })?;
         Ok(Proxy {
             addr,
             shared,
@@ -279,9 +285,13 @@ fn start_conn(s: &Arc<Shared>, outer: TcpStream, inner: TcpStream) -> io::Result
     s.accepted.fetch_add(1, Ordering::SeqCst);
     for dir in [Dir::ToTarget, Dir::FromTarget] {
         let (sh, c) = (s.clone(), conn.clone());
+        s.live.fetch_add(1, Ordering::SeqCst);
         let spawned = std::thread::Builder::new()
             .name("proxy-pump".into())
-            .spawn(move || pump(&sh, &c, dir));
+            .spawn(move || {
+                pump(&sh, &c, dir);
+                sh.live.fetch_sub(1, Ordering::SeqCst);
+            });
         match spawned {
             Ok(h) => {
                 let mut t = s.threads.lock().unwrap_or_else(|e| e.into_inner());
@@ -291,6 +301,7 @@ fn start_conn(s: &Arc<Shared>, outer: TcpStream, inner: TcpStream) -> io::Result
             }
             Err(e) => {
                 // The pump that did start sees the reset and ends; this one never will.
+                s.live.fetch_sub(1, Ordering::SeqCst);
                 conn.open_pumps.fetch_sub(1, Ordering::SeqCst);
                 conn.reset_both();
                 return Err(e);
@@ -575,8 +586,16 @@ mod tests {
         assert_eq!(end, Some(io::ErrorKind::WouldBlock));
         assert_eq!(proxy.faults_fired(), 1);
         assert_eq!(proxy.open_connections(), 1);
-        // Dropping the proxy ends its threads (joined) and closes both connections.
+        let shared = proxy.shared.clone();
+        assert_eq!(
+            shared.live.load(Ordering::SeqCst),
+            3,
+            "the acceptor and two pumps"
+        );
+        // Dropping the proxy ends its threads (joined: none is left running when it returns)
+        // and closes both connections.
         drop(proxy);
+        assert_eq!(shared.live.load(Ordering::SeqCst), 0);
         c.set_read_timeout(Some(T)).unwrap();
         s.set_read_timeout(Some(T)).unwrap();
         assert_eq!(read_to_end_or_err(&c), (vec![], None));
