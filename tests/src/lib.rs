@@ -6,6 +6,19 @@
 //! backends have their own loopback addresses (127.0.0.2 and 127.0.0.3), for the inter-host
 //! tests; [`proxy`] is a TCP proxy that resets, stalls or corrupts a connection between them.
 //!
+//! An inter-host test, once guests can connect across hosts (the `vrdma-guest` commands for
+//! listen/connect-to come with that API):
+//!
+//! ```text
+//! let hosts = TwoHosts::start();                         // A: 127.0.0.2, B: 127.0.0.3
+//! let (mut a, mut b) = hosts.guests(GUEST.as_ref(), "bypass");
+//! // b listens on a port of 127.0.0.3; a proxy in front of it cuts the connection after 1 MiB
+//! // of a's traffic (the MPA request counts), still at 127.0.0.3 for a's backend:
+//! let proxy = Proxy::in_front_of("127.0.0.3:PORT".parse()?, Fault::ResetAfter(1 << 20), Dir::ToTarget)?;
+//! // a connects to proxy.addr(); its WRITEs fail with flush errors, both get a disconnect event;
+//! hosts.a.stats(a.domid) / hosts.b.stats(b.domid) drain to zero.
+//! ```
+//!
 //! Nothing here skips: when something the tests need is missing (the backend binary, a
 //! domain), the helpers panic with a sentence saying what to do.
 
