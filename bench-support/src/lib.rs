@@ -9,11 +9,16 @@
 //! * [`report`] — a value ÷ floor line for people and a `bench-ratio` line for
 //!   `scripts/bench-ratios.sh`, which gathers them over several runs (`bench-spread`).
 //!
-//! No dependencies: criterion benches and the `vrdma-perf` tool both link this crate.
+//! * [`tcp`] — raw TCP baselines (ping-pong, blocking or busy-polled, and streaming) between
+//!   two addresses, for the inter-host rows (the simulated hosts' 127.0.0.2 and 127.0.0.3).
+//!
+//! One dependency (rustix, to bind a socket before connecting): criterion benches and the
+//! `vrdma-perf` tool both link this crate.
 
 mod floor;
 pub mod report;
 mod samples;
+pub mod tcp;
 
 pub use floor::CacheLinePingPong;
 pub use samples::{time_ops, Batches, Recorder, Samples, Spread};

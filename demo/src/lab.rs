@@ -3,12 +3,13 @@
 //! tests stand on.
 
 use std::io::{BufRead, BufReader, Read};
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, Context as _, Result};
+use anyhow::{anyhow, bail, Context as _, Result};
 use vrdma_backend::config::Config;
 use vrdma_backend::control::ControlOpener;
 use vrdma_backend::daemon::host::{self, HostChoice};
@@ -24,7 +25,37 @@ pub struct Lab {
     daemon: Option<(ShutdownHandle, std::thread::JoinHandle<Result<()>>)>,
     domains: Vec<DomId>,
     pub dir: PathBuf,
+    /// The host's name in the demo's messages ("" for the one host of the default demo).
+    pub name: String,
+    /// The backend's address (DESIGN §12: each simulated host its own loopback address).
+    pub address: Option<IpAddr>,
+    /// Whether the backend's configuration carries [`Lab::address`] (once the backend has an
+    /// `address` key; until then the address is the demo's alone).
+    pub address_in_config: bool,
     _tmp: Option<tempfile::TempDir>,
+}
+
+/// The backend configuration of a host at `address`: the default, with `address =
+/// ["..."]` when this build's backend has that key (asked of its own parser: a configuration
+/// with an unknown key is refused); whether the address is in. An error if the backend has
+/// the key but refuses that form.
+pub fn backend_config(address: Option<IpAddr>) -> Result<(Config, bool)> {
+    let Some(a) = address else {
+        return Ok((Config::default(), false));
+    };
+    Ok(
+        match Config::parse(&format!("address = [\"{a}\"]\n"), "vrdma-demo") {
+            Ok(c) => (c, true),
+            // An older backend: no such key (the demo says the address is its own).
+            Err(e) if e.to_string().contains("unknown field `address`") => {
+                (Config::default(), false)
+            }
+            Err(e) => bail!(
+                "the backend configuration has an `address` key but refuses [\"{a}\"]: {e} — \
+                 teach vrdma_demo::lab::backend_config its form"
+            ),
+        },
+    )
 }
 
 /// Progress on stdout.
@@ -34,6 +65,17 @@ pub fn step(what: &str) {
 
 impl Lab {
     pub fn start(dir: Option<&Path>) -> Result<Lab> {
+        Lab::start_host(dir, "", None)
+    }
+
+    /// A simulated host named `name` (in the demo's messages) whose backend has `address`;
+    /// several run side by side in one process, each in its own directory.
+    pub fn start_host(dir: Option<&Path>, name: &str, address: Option<IpAddr>) -> Result<Lab> {
+        let label = if name.is_empty() {
+            String::new()
+        } else {
+            format!(" {name}")
+        };
         let (dir, tmp) = match dir {
             Some(d) => (d.to_path_buf(), None),
             None => {
@@ -46,7 +88,7 @@ impl Lab {
             }
         };
         step(&format!(
-            "starting the embedded simulated Xen host in {}",
+            "starting the embedded simulated Xen host{label} in {}",
             dir.display()
         ));
         let host = host::start(HostChoice::Embedded(Some(dir.join("host"))))
@@ -55,8 +97,17 @@ impl Lab {
             .sim_dir()
             .ok_or_else(|| anyhow!("the embedded host is not a simulated host"))?
             .to_path_buf();
-        step("starting the vrdma backend (software RDMA device) as dom0");
-        let config = Config::default();
+        let (config, address_in_config) = backend_config(address)?;
+        step(&format!(
+            "starting the vrdma backend{label} (software RDMA device) as dom0{}",
+            match (address, address_in_config) {
+                (Some(a), true) => format!(", address {a}"),
+                (Some(a), false) => format!(
+                    ", address {a} (the backend has no `address` key yet: its device cannot use it)"
+                ),
+                (None, _) => String::new(),
+            }
+        ));
         let device: Arc<dyn Device> = Arc::new(
             SoftDevice::new(config.engine())
                 .context("step 2: starting the software device engine")?,
@@ -88,6 +139,9 @@ impl Lab {
             daemon: Some((shutdown, thread)),
             domains: Vec::new(),
             dir,
+            name: name.to_string(),
+            address,
+            address_in_config,
             _tmp: tmp,
         })
     }

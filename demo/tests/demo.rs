@@ -105,3 +105,95 @@ fn quick_demo_runs_both_modes_and_cleans_up() {
         "{dir} still exists after the demo"
     );
 }
+
+/// `vrdma-demo --hosts 2 --quick`: two simulated hosts (host A at 127.0.0.2, host B at
+/// 127.0.0.3), a guest on each, the raw TCP baselines between the two addresses measured in
+/// host A's guest, and — until guests can connect across hosts — no vrdma figure for the
+/// inter-host rows, saying why. Both hosts' directories are gone at the end.
+#[test]
+fn two_hosts_quick_prints_the_tcp_baselines_and_no_inter_host_vrdma_figure() {
+    let out = Command::new(env!("CARGO_BIN_EXE_vrdma-demo"))
+        .args(["--hosts", "2", "--quick"])
+        .output()
+        .expect("run vrdma-demo");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "vrdma-demo --hosts 2 --quick failed: {}\n--- stdout:\n{stdout}\n--- stderr:\n{stderr}",
+        out.status
+    );
+    for (host, addr) in [("A", "127.0.0.2"), ("B", "127.0.0.3")] {
+        assert!(
+            stdout.contains(&format!(
+                "the vrdma backend {host} (software RDMA device) as dom0, address {addr}"
+            )),
+            "{stdout}"
+        );
+    }
+    let base = section(
+        &stdout,
+        "=== TCP baselines between the two hosts' addresses (127.0.0.2 -> 127.0.0.3)",
+    );
+    assert!(base.contains("TCP 127.0.0.2 -> 127.0.0.3"), "{base}");
+    // Two ping-pong tables (blocking: 0 threads spin; busy-poll: 2), one 64 B row each.
+    let blocking = &base[base
+        .find("# polling: blocking  spinning threads: 0")
+        .expect(base)..];
+    let busy = &base[base
+        .find("# polling: busy-poll  spinning threads: 2")
+        .expect(base)..];
+    for t in [blocking, busy] {
+        let rows = rows_after(t, "t_typical[usec]");
+        assert_eq!(rows.len(), 1, "{t}");
+        let r = &rows[0];
+        assert_eq!(r[0], 64.0);
+        let (min, max, typ) = (r[2], r[3], r[4]);
+        assert!(min > 0.0 && min <= typ && typ <= max, "{r:?}");
+    }
+    let rows = rows_after(base, "BW average[MB/sec]");
+    let sizes: Vec<f64> = rows.iter().map(|r| r[0]).collect();
+    assert_eq!(sizes, [65536.0, 1048576.0], "{base}");
+    assert!(rows.iter().all(|r| r[3] > 0.0), "{rows:?}");
+
+    let vr = section(
+        &stdout,
+        "=== inter-host vrdma (guest-a on host A -> guest-b on host B)",
+    );
+    assert!(
+        vr.contains("not measured:") && vr.contains("iWARP data path"),
+        "{vr}"
+    );
+    let summary = section(&stdout, "=== summary: the inter-host speed targets");
+    assert!(
+        summary.contains("raw TCP ping-pong 64 B 127.0.0.2 -> 127.0.0.3, blocking"),
+        "{summary}"
+    );
+    assert!(summary.contains("raw TCP stream 1048576 B"), "{summary}");
+    // No vrdma figure is printed for the inter-host rows.
+    assert!(
+        !stdout.contains("vrdma[usec]") && !stdout.contains("vrdma[MB/sec]"),
+        "{stdout}"
+    );
+    assert!(
+        summary.contains("not measured (the iWARP data path"),
+        "{summary}"
+    );
+
+    let done = stdout
+        .lines()
+        .find(|l| l.contains("nothing left running"))
+        .unwrap_or_else(|| panic!("no closing line in:\n{stdout}"));
+    let dirs: Vec<&str> = done
+        .split_whitespace()
+        .filter(|w| w.starts_with("/tmp/"))
+        .collect();
+    assert_eq!(dirs.len(), 2, "{done}");
+    assert_ne!(dirs[0], dirs[1]);
+    for d in dirs {
+        assert!(
+            !std::path::Path::new(d).exists(),
+            "{d} still exists after the demo"
+        );
+    }
+}

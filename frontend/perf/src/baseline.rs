@@ -1,12 +1,14 @@
 //! Floors and alternatives measured in the same process and run as the vrdma figures: the
 //! workspace's one cache-line ping-pong floor (bench-support), single-core memcpy bandwidth,
-//! and TCP over loopback (ping-pong and streaming) with the same message sizes.
+//! and raw TCP (ping-pong, blocking and busy-polled, and streaming) with the same message
+//! sizes between two addresses (`--between`: 127.0.0.1 by default, the two simulated hosts'
+//! 127.0.0.2 and 127.0.0.3 for the inter-host rows; bench-support's `tcp` module).
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::time::Instant;
 
 use anyhow::{Context as _, Result};
+use bench_support::tcp::{self, TcpPingPong};
+pub use bench_support::tcp::{Endpoints, Poll};
 use bench_support::{Batches, CacheLinePingPong};
 
 use crate::stats::{BwRow, LatencyRow};
@@ -39,88 +41,39 @@ pub fn memcpy_bw(size: usize, iters: usize) -> BwRow {
     BwRow::new(size, iters, t.elapsed().as_secs_f64(), 0, &[])
 }
 
-fn loopback_pair() -> Result<(TcpStream, TcpStream)> {
-    let l = TcpListener::bind("127.0.0.1:0").context("bind a loopback TCP listener")?;
-    let a = TcpStream::connect(l.local_addr()?).context("connect over loopback")?;
-    let (b, _) = l.accept()?;
-    a.set_nodelay(true)?;
-    b.set_nodelay(true)?;
-    Ok((a, b))
+/// Round trips (µs) of a TCP ping-pong between `ends` with `size`-byte messages
+/// (`TCP_NODELAY`; [`Poll::Blocking`]: no thread spins, [`Poll::Busy`]: two threads spin), each
+/// timed by its own clock reads as the vrdma latencies are, after 10 warm-up round trips. At
+/// most `iters` round trips; fewer (at least 100) once [`BASELINE_TIME_CAP`] has passed.
+pub fn tcp_pingpong_rtts(
+    ends: Endpoints,
+    size: usize,
+    iters: usize,
+    poll: Poll,
+) -> Result<Vec<f64>> {
+    let mut pp =
+        TcpPingPong::start(ends, size, poll).with_context(|| format!("TCP ping-pong {ends}"))?;
+    pp.round_trips(10)?;
+    let s = pp.per_round_trip(iters.max(1), BASELINE_TIME_CAP)?;
+    pp.finish()?;
+    Ok(s.ns().iter().map(|ns| ns / 1e3).collect())
 }
 
-/// Round trips (µs) of a TCP ping-pong over loopback with `size`-byte messages (blocking
-/// sockets, `TCP_NODELAY`: no thread spins). At most `iters` round trips; fewer (at least 100)
-/// if the first 100 say the rest would take longer than [`BASELINE_TIME_CAP`].
-pub fn tcp_pingpong_rtts(size: usize, iters: usize) -> Result<Vec<f64>> {
-    let probe = tcp_pingpong_n(size, iters.min(100))?;
-    let per = probe.iter().sum::<f64>() / probe.len().max(1) as f64;
-    let more = ((BASELINE_TIME_CAP.as_secs_f64() * 1e6 / per.max(0.001)) as usize)
-        .min(iters.saturating_sub(probe.len()));
-    let mut all = probe;
-    if more > 0 {
-        all.extend(tcp_pingpong_n(size, more)?);
-    }
-    Ok(all)
-}
-
-fn tcp_pingpong_n(size: usize, iters: usize) -> Result<Vec<f64>> {
-    let (mut a, mut b) = loopback_pair()?;
-    let echo = std::thread::spawn(move || -> std::io::Result<()> {
-        let mut buf = vec![0u8; size];
-        for _ in 0..iters {
-            b.read_exact(&mut buf)?;
-            b.write_all(&buf)?;
-        }
-        Ok(())
-    });
-    let mut buf = vec![0x5au8; size];
-    let mut rtts = Vec::with_capacity(iters);
-    for _ in 0..iters {
-        let t = Instant::now();
-        a.write_all(&buf)?;
-        a.read_exact(&mut buf)?;
-        rtts.push(t.elapsed().as_secs_f64() * 1e6);
-    }
-    echo.join()
-        .map_err(|_| anyhow::anyhow!("TCP echo thread panicked"))??;
-    Ok(rtts)
-}
-
-/// TCP streaming bandwidth over loopback: `iters` writes of `size` bytes, timed until the
-/// receiver has read them all.
-pub fn tcp_stream_bw(size: usize, iters: usize) -> Result<BwRow> {
-    let (mut a, mut b) = loopback_pair()?;
-    let total = size * iters;
-    let sink = std::thread::spawn(move || -> std::io::Result<()> {
-        let mut buf = vec![0u8; (1 << 20).max(size)];
-        let mut got = 0;
-        while got < total {
-            let n = b.read(&mut buf)?;
-            if n == 0 {
-                break;
-            }
-            got += n;
-        }
-        b.write_all(b"k")
-    });
-    let buf = vec![0x5au8; size];
-    let t = Instant::now();
-    for _ in 0..iters {
-        a.write_all(&buf)?;
-    }
-    let mut ack = [0u8; 1];
-    a.read_exact(&mut ack)?;
-    let secs = t.elapsed().as_secs_f64();
-    sink.join()
-        .map_err(|_| anyhow::anyhow!("TCP sink thread panicked"))??;
-    Ok(BwRow::new(size, iters, secs, 0, &[]))
+/// TCP streaming bandwidth between `ends`: `iters` writes of `size` bytes, timed until the
+/// receiver has read them all (blocking sockets, no thread spins).
+pub fn tcp_stream_bw(ends: Endpoints, size: usize, iters: usize) -> Result<BwRow> {
+    let r = tcp::stream(ends, size, iters).with_context(|| format!("TCP stream {ends}"))?;
+    Ok(BwRow::new(size, iters, r.elapsed.as_secs_f64(), 0, &[]))
 }
 
 /// Baselines for one message size.
 #[derive(Debug, Clone, Copy)]
 pub struct SizeBaseline {
     pub bytes: usize,
+    /// Round trips, blocking reads (no thread spins).
     pub tcp_pingpong: LatencyRow,
+    /// Round trips, both ends busy-polling non-blocking sockets (two threads spin).
+    pub tcp_pingpong_busy: LatencyRow,
     pub tcp_stream: BwRow,
     pub memcpy: BwRow,
 }
@@ -130,6 +83,8 @@ pub struct SizeBaseline {
 pub struct Baselines {
     /// Round trips of the bare cache-line ping-pong: statistics of its batch means.
     pub cache_line_rtt: LatencyRow,
+    /// Between which addresses the TCP rows ran.
+    pub tcp_endpoints: Endpoints,
     pub sizes: Vec<SizeBaseline>,
 }
 
@@ -139,24 +94,30 @@ pub fn halve(v: &[f64]) -> Vec<f64> {
 }
 
 impl Baselines {
-    /// Measures all baselines for `sizes` with `iters` iterations each.
-    pub fn measure(sizes: &[usize], iters: usize) -> Result<Baselines> {
+    /// Measures all baselines for `sizes` with `iters` iterations each, the TCP ones between
+    /// `ends`.
+    pub fn measure(sizes: &[usize], iters: usize, ends: Endpoints) -> Result<Baselines> {
         let iters = iters.max(100);
         let (cl, round_trips) = cache_line_rtts();
         let cache_line_rtt = LatencyRow::from_samples(8, round_trips, &cl);
         let mut out = Vec::new();
         for &s in sizes {
-            let rtts = tcp_pingpong_rtts(s, iters).context("TCP ping-pong baseline")?;
+            let rtts = tcp_pingpong_rtts(ends, s, iters, Poll::Blocking)
+                .context("TCP ping-pong baseline")?;
+            let busy = tcp_pingpong_rtts(ends, s, iters, Poll::Busy)
+                .context("TCP busy ping-pong baseline")?;
             out.push(SizeBaseline {
                 bytes: s,
-                tcp_pingpong: LatencyRow::from_samples(s, iters, &rtts),
-                tcp_stream: tcp_stream_bw(s, stream_iters(s, iters))
+                tcp_pingpong: LatencyRow::from_samples(s, rtts.len(), &rtts),
+                tcp_pingpong_busy: LatencyRow::from_samples(s, busy.len(), &busy),
+                tcp_stream: tcp_stream_bw(ends, s, stream_iters(s, iters))
                     .context("TCP stream baseline")?,
                 memcpy: memcpy_bw(s, iters),
             });
         }
         Ok(Baselines {
             cache_line_rtt,
+            tcp_endpoints: ends,
             sizes: out,
         })
     }
@@ -168,7 +129,7 @@ impl Baselines {
 }
 
 /// Enough streaming writes to move at least 16 MiB (small messages are syscall-bound).
-fn stream_iters(size: usize, iters: usize) -> usize {
+pub fn stream_iters(size: usize, iters: usize) -> usize {
     iters.max((16 << 20) / size.max(1)).min(1_000_000)
 }
 
@@ -178,14 +139,31 @@ mod tests {
 
     #[test]
     fn baselines_measure_something() {
-        let b = Baselines::measure(&[64, 4096], 200).unwrap();
+        let b = Baselines::measure(&[64, 4096], 200, Endpoints::LOOPBACK).unwrap();
         assert!(b.cache_line_rtt.t_typical > 0.0);
         assert_eq!(b.sizes.len(), 2);
         for s in &b.sizes {
             assert!(s.tcp_pingpong.t_typical > 0.0);
+            assert!(s.tcp_pingpong_busy.t_typical > 0.0);
             assert!(s.tcp_stream.bw_avg_mb > 0.0);
             assert!(s.memcpy.bw_avg_mb > 0.0);
         }
         assert!(b.size(4096).is_some() && b.size(1).is_none());
+    }
+
+    #[test]
+    fn tcp_rows_between_the_two_hosts_addresses() {
+        let e = Endpoints::TWO_HOSTS;
+        for poll in [Poll::Blocking, Poll::Busy] {
+            let r = tcp_pingpong_rtts(e, 64, 150, poll).unwrap();
+            assert_eq!(r.len(), 150, "{poll:?}");
+            assert!(r.iter().all(|x| *x > 0.0));
+        }
+        let bw = tcp_stream_bw(e, 65536, 32).unwrap();
+        assert_eq!((bw.bytes, bw.iterations), (65536, 32));
+        assert!(bw.bw_avg_mb > 0.0);
+        // An address nobody can bind is an error, not a hang.
+        let bad: Endpoints = "192.0.2.1,127.0.0.3".parse().unwrap();
+        assert!(tcp_pingpong_rtts(bad, 64, 10, Poll::Blocking).is_err());
     }
 }

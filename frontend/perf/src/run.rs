@@ -40,6 +40,13 @@ pub enum Test {
     SendBw,
     WriteBw,
     ReadBw,
+    /// Baseline only, no vrdma: raw TCP ping-pong between `--between`'s two addresses (both
+    /// ends in this process), blocking and busy-polled.
+    #[value(alias = "tcp-pingpong")]
+    TcpPingpong,
+    /// Baseline only, no vrdma: raw TCP streaming between `--between`'s two addresses.
+    #[value(alias = "tcp-stream")]
+    TcpStream,
 }
 
 impl Test {
@@ -51,10 +58,19 @@ impl Test {
             Test::SendBw => "send_bw",
             Test::WriteBw => "write_bw",
             Test::ReadBw => "read_bw",
+            Test::TcpPingpong => "tcp_pingpong",
+            Test::TcpStream => "tcp_stream",
         }
     }
     pub fn is_latency(self) -> bool {
-        matches!(self, Test::SendLat | Test::WriteLat | Test::ReadLat)
+        matches!(
+            self,
+            Test::SendLat | Test::WriteLat | Test::ReadLat | Test::TcpPingpong
+        )
+    }
+    /// A TCP baseline run on its own (no vrdma device, both ends in this process).
+    pub fn is_baseline(self) -> bool {
+        matches!(self, Test::TcpPingpong | Test::TcpStream)
     }
     fn parse(s: &str) -> Result<Test> {
         Test::from_str(s, false).map_err(|e| anyhow!("unknown test {s:?}: {e}"))
@@ -80,7 +96,10 @@ pub enum ModeArg {
     about = "perftest-style RDMA benchmarks over vrdma (server: no HOST; client: HOST)",
     after_help = "Run the server first (`vrdma-perf send_lat`), then the client \
                   (`vrdma-perf send_lat 127.0.0.1`) in another guest. The client's --size, \
-                  --iters and --tx-depth rule; each side picks its own --mode."
+                  --iters and --tx-depth rule; each side picks its own --mode. \
+                  `tcp_pingpong` and `tcp_stream` (also spelt `--baseline tcp-pingpong`) run \
+                  only the raw TCP baseline, both ends in this process, between the \
+                  addresses of --between (e.g. 127.0.0.2,127.0.0.3: the two simulated hosts)."
 )]
 pub struct PerfArgs {
     /// The test.
@@ -113,10 +132,15 @@ pub struct PerfArgs {
     /// with fewer cores than spinning threads (the library's post/poll stay syscall-free).
     #[arg(short, long)]
     pub yield_poll: bool,
-    /// Also measure, in the same run, a cache-line ping-pong, memcpy and TCP loopback with the
-    /// same sizes, and print every figure as a ratio to them (client side).
+    /// Also measure, in the same run, a cache-line ping-pong, memcpy and TCP (between
+    /// --between's addresses) with the same sizes, and print every figure as a ratio to them
+    /// (client side).
     #[arg(short, long)]
     pub baseline: bool,
+    /// The TCP baselines' addresses: CLIENT,SERVER (the client socket is bound to CLIENT, the
+    /// listener is on SERVER; both in this process), or one address for both.
+    #[arg(long, value_name = "CLIENT,SERVER", default_value = "127.0.0.1")]
+    pub between: crate::baseline::Endpoints,
     /// Print one JSON object instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -130,7 +154,14 @@ impl PerfArgs {
         if self.all {
             (1..=23).map(|i| 1usize << i).collect()
         } else if self.size.is_empty() {
-            vec![if self.test.is_latency() { 2 } else { 65536 }]
+            match self.test {
+                // The inter-host rows of the targets table: 64 B latency, 64 KiB and 1 MiB
+                // bandwidth.
+                Test::TcpPingpong => vec![64],
+                Test::TcpStream => vec![65536, 1 << 20],
+                t if t.is_latency() => vec![2],
+                _ => vec![65536],
+            }
         } else {
             self.size.clone()
         }
@@ -157,6 +188,28 @@ pub struct Report {
 pub fn run(args: &PerfArgs) -> Result<()> {
     if args.tx_depth == 0 || args.tx_depth > 1024 {
         bail!("--tx-depth must be 1..=1024");
+    }
+    if args.test.is_baseline() {
+        if let Some(h) = &args.host {
+            bail!(
+                "{} runs both ends in this process: give its addresses with --between \
+                 (e.g. --between 127.0.0.2,{h}), not a HOST",
+                args.test.name()
+            );
+        }
+        let report = crate::tcp::run(args, &args.sizes(), args.iters)?;
+        if let Some(p) = &args.json_out {
+            std::fs::write(p, serde_json::to_string(&report.to_json())?)
+                .with_context(|| format!("writing {}", p.display()))?;
+        }
+        let out = if args.json {
+            serde_json::to_string_pretty(&report.to_json())? + "\n"
+        } else {
+            report.text()
+        };
+        print!("{out}");
+        std::io::stdout().flush()?;
+        return Ok(());
     }
     match &args.host {
         None => serve(args),
@@ -402,6 +455,10 @@ fn serve(args: &PerfArgs) -> Result<()> {
         bail!("{peer} is not a vrdma-perf client: {hello:?}");
     }
     let test = Test::parse(f[2])?;
+    if test.is_baseline() {
+        link.send("err a TCP baseline needs no server")?;
+        bail!("client asked for {}, which needs no server", test.name());
+    }
     if test != args.test {
         link.send(&format!("err the server runs {}", args.test.name()))?;
         bail!(
@@ -481,6 +538,7 @@ fn serve(args: &PerfArgs) -> Result<()> {
             }
             // Passive side: the client's READs and WRITEs need nothing from us.
             Test::ReadLat | Test::WriteBw | Test::ReadBw => link.send("ready")?,
+            Test::TcpPingpong | Test::TcpStream => bail!("{} needs no server", test.name()),
         }
         link.expect("done")?;
         side.drain()?;
@@ -503,7 +561,7 @@ pub fn client(args: &PerfArgs, host: &str) -> Result<Report> {
         format!("{host}:{}", args.port)
     };
     let baselines = if args.baseline {
-        Some(Baselines::measure(&sizes, iters).context("measuring the baselines")?)
+        Some(Baselines::measure(&sizes, iters, args.between).context("measuring the baselines")?)
     } else {
         None
     };
@@ -742,34 +800,43 @@ impl Report {
     }
 
     fn baseline_text(&self, b: &Baselines) -> String {
-        let mut s = String::from(
+        let mut s = format!(
             "# baselines, same process and run: cache-line ping-pong (2 threads spin), \
-             memcpy (1 thread), TCP loopback ping-pong / stream (blocking, 0 spin)\n",
+             memcpy (1 thread), TCP {} ping-pong blocking (0 spin) and busy-polled (2 spin) / \
+             stream (blocking, 0 spin)\n",
+            b.tcp_endpoints
         );
         let cl = b.cache_line_rtt.t_typical;
         if self.test.is_latency() {
             let k = if self.test.halves() { 0.5 } else { 1.0 };
             s.push_str(&format!(
-                " {:<7} {:>16} {:>16} {:>10} {:>18} {:>10}\n",
+                " {:<7} {:>16} {:>16} {:>10} {:>18} {:>10} {:>18} {:>10}\n",
                 "#bytes",
                 "vrdma[usec]",
                 "cache-line[usec]",
                 "ratio",
                 "TCP ping-pong[usec]",
+                "ratio",
+                "TCP busy-poll[usec]",
                 "ratio"
             ));
             for r in &self.latency {
-                let tcp = b
-                    .size(r.bytes)
-                    .map_or(f64::NAN, |x| x.tcp_pingpong.t_typical * k);
+                let (tcp, busy) = b.size(r.bytes).map_or((f64::NAN, f64::NAN), |x| {
+                    (
+                        x.tcp_pingpong.t_typical * k,
+                        x.tcp_pingpong_busy.t_typical * k,
+                    )
+                });
                 s.push_str(&format!(
-                    " {:<7} {:>16.3} {:>16.3} {:>10.2} {:>18.3} {:>10.3}\n",
+                    " {:<7} {:>16.3} {:>16.3} {:>10.2} {:>18.3} {:>10.3} {:>18.3} {:>10.3}\n",
                     r.bytes,
                     r.t_typical,
                     cl * k,
                     r.t_typical / (cl * k),
                     tcp,
-                    r.t_typical / tcp
+                    r.t_typical / tcp,
+                    busy,
+                    r.t_typical / busy
                 ));
             }
             s.push_str(&format!(
@@ -808,21 +875,19 @@ impl Report {
     /// The same as one JSON object.
     pub fn to_json(&self) -> serde_json::Value {
         use serde_json::json;
-        let lat = |r: &LatencyRow| {
-            json!({"bytes": r.bytes, "iterations": r.iterations, "t_min_usec": r.t_min,
-                "t_max_usec": r.t_max, "t_typical_usec": r.t_typical, "t_avg_usec": r.t_avg,
-                "t_stdev_usec": r.t_stdev, "p99_usec": r.p99, "p99_9_usec": r.p999})
-        };
-        let bw = |r: &BwRow| {
-            json!({"bytes": r.bytes, "iterations": r.iterations, "bw_peak_mb_sec": r.bw_peak_mb,
-                "bw_avg_mb_sec": r.bw_avg_mb, "msg_rate_mpps": r.msg_rate_mpps})
-        };
+        let lat = LatencyRow::to_json;
+        let bw = BwRow::to_json;
         let base = self.baselines.as_ref().map(|b| {
             json!({
                 "cache_line_rtt": lat(&b.cache_line_rtt),
+                "tcp_endpoints": {
+                    "client": b.tcp_endpoints.client.to_string(),
+                    "server": b.tcp_endpoints.server.to_string(),
+                },
                 "sizes": b.sizes.iter().map(|x| json!({
                     "bytes": x.bytes,
                     "tcp_pingpong_rtt": lat(&x.tcp_pingpong),
+                    "tcp_pingpong_busy_rtt": lat(&x.tcp_pingpong_busy),
                     "tcp_stream": bw(&x.tcp_stream),
                     "memcpy": bw(&x.memcpy),
                 })).collect::<Vec<_>>(),

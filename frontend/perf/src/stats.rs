@@ -70,6 +70,25 @@ impl LatencyRow {
     }
 }
 
+impl LatencyRow {
+    /// The row as JSON (`vrdma-perf --json`; times in µs).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({"bytes": self.bytes, "iterations": self.iterations,
+            "t_min_usec": self.t_min, "t_max_usec": self.t_max,
+            "t_typical_usec": self.t_typical, "t_avg_usec": self.t_avg,
+            "t_stdev_usec": self.t_stdev, "p99_usec": self.p99, "p99_9_usec": self.p999})
+    }
+}
+
+impl BwRow {
+    /// The row as JSON (`vrdma-perf --json`; MB = 2^20 bytes).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({"bytes": self.bytes, "iterations": self.iterations,
+            "bw_peak_mb_sec": self.bw_peak_mb, "bw_avg_mb_sec": self.bw_avg_mb,
+            "msg_rate_mpps": self.msg_rate_mpps})
+    }
+}
+
 /// One bandwidth row. MB is 2^20 bytes, as in perftest.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BwRow {
