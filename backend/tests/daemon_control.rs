@@ -126,7 +126,7 @@ fn hostile_slots_always_get_an_answer_and_reclaim_returns_everything() {
         ..Quotas::default()
     });
     assert_eq!(
-        call(&mut svc, 1, Request::Init { version: 1 }).status,
+        call(&mut svc, 1, Request::Init { version: 2 }).status,
         Status::Ok
     );
     // Some real objects for the random handles to hit.
@@ -185,7 +185,7 @@ fn quotas_are_checked_before_grants_are_touched() {
         ..Quotas::default()
     });
     assert_eq!(
-        call(&mut svc, 1, Request::Init { version: 1 }).status,
+        call(&mut svc, 1, Request::Init { version: 2 }).status,
         Status::Ok
     );
     let pd = handle_of(&call(&mut svc, 2, Request::AllocPd));
@@ -262,7 +262,7 @@ fn a_looping_page_directory_ends() {
     let bench = Bench::new();
     let (mut svc, _account) = bench.service(Quotas::default());
     assert_eq!(
-        call(&mut svc, 1, Request::Init { version: 1 }).status,
+        call(&mut svc, 1, Request::Init { version: 2 }).status,
         Status::Ok
     );
     let pd = handle_of(&call(&mut svc, 2, Request::AllocPd));
@@ -307,11 +307,11 @@ fn requests_before_init_and_bad_versions() {
         Status::BadRequest
     );
     assert_eq!(
-        call(&mut svc, 2, Request::Init { version: 2 }).status,
+        call(&mut svc, 2, Request::Init { version: 1 }).status,
         Status::VersionMismatch
     );
     assert_eq!(
-        call(&mut svc, 3, Request::Init { version: 1 }).status,
+        call(&mut svc, 3, Request::Init { version: 2 }).status,
         Status::Ok
     );
     let r = call(&mut svc, 4, Request::QueryDevice);
@@ -342,7 +342,7 @@ fn a_connect_nobody_answers_is_refused_at_its_deadline_whoever_the_remote_is() {
     let (svc, account) = bench.service(Quotas::default());
     let mut svc = svc.with_connect_timeout(std::time::Duration::from_millis(200));
     assert_eq!(
-        call(&mut svc, 1, Request::Init { version: 1 }).status,
+        call(&mut svc, 1, Request::Init { version: 2 }).status,
         Status::Ok
     );
     let pd = handle_of(&call(&mut svc, 2, Request::AllocPd));

@@ -57,7 +57,7 @@ fn good_guest(s: &Stack) -> (GoodGuest, Frontend) {
     let (mut fe, st) = Frontend::open(s.host.dir(), b, 0);
     let connect = t1.elapsed();
     assert_eq!(st, "4", "B's channel is connected");
-    assert_eq!(fe.call(Request::Init { version: 1 }).status, Status::Ok);
+    assert_eq!(fe.call(Request::Init { version: 2 }).status, Status::Ok);
     fe.alloc_pd();
     wait_value(&*s.dom0, &s.stats_node(b, "pds"), "1");
     (GoodGuest { attach, connect }, fe)
@@ -71,7 +71,7 @@ fn xenstore_storm(storm: Duration) -> (MetricsSnapshot, Duration, u64, u64, Good
     let a = attach(&s, Quotas::default());
     let (mut fe_a, st) = Frontend::open(s.host.dir(), a, 0);
     assert_eq!(st, "4");
-    assert_eq!(fe_a.call(Request::Init { version: 1 }).status, Status::Ok);
+    assert_eq!(fe_a.call(Request::Init { version: 2 }).status, Status::Ok);
 
     let stop = Arc::new(AtomicBool::new(false));
     let _guard = StopOnDrop(stop.clone());
@@ -320,7 +320,7 @@ fn regmr_flood_then_closing_does_not_stall_the_daemon_while_b_connects() {
     );
     let (mut fe_a, st) = Frontend::open(s.host.dir(), a, 0);
     assert_eq!(st, "4");
-    assert_eq!(fe_a.call(Request::Init { version: 1 }).status, Status::Ok);
+    assert_eq!(fe_a.call(Request::Init { version: 2 }).status, Status::Ok);
     let stop = Arc::new(AtomicBool::new(false));
     let guard = StopOnDrop(stop.clone());
     let answered = Arc::new(AtomicU64::new(0));
@@ -378,7 +378,7 @@ fn a_full_ring_of_requests_then_one_more_is_answered() {
     let a = attach(&s, Quotas::default());
     let (mut fe, st) = Frontend::open(s.host.dir(), a, 0);
     assert_eq!(st, "4");
-    assert_eq!(fe.call(Request::Init { version: 1 }).status, Status::Ok);
+    assert_eq!(fe.call(Request::Init { version: 2 }).status, Status::Ok);
     for round in 0..3u32 {
         for i in 0..RING_SLOTS {
             let slot = RequestRepr {

@@ -23,7 +23,7 @@ fn init_wait_is_answered_with_versions_kind_and_limits() {
     let s = Stack::start();
     let d = attach(&s, Quotas::default());
     let read = |k: &str| s.dom0.read_string(&s.backend_node(d, k)).unwrap();
-    assert_eq!(read("versions"), "1");
+    assert_eq!(read("versions"), "2");
     assert_eq!(read("kind"), "soft-iwarp");
     for k in [
         "max-qp-wr",
@@ -51,7 +51,7 @@ fn a_channel_gets_valid_grants_for_everything_it_creates() {
 
     // Nothing before Init.
     assert_eq!(fe.call(Request::AllocPd).status, Status::BadRequest);
-    let r = fe.call(Request::Init { version: 1 });
+    let r = fe.call(Request::Init { version: 2 });
     assert_eq!(r.status, Status::Ok);
     let Reply::Init {
         doorbell_gref,
@@ -77,7 +77,7 @@ fn a_channel_gets_valid_grants_for_everything_it_creates() {
         .map_grants(DomId::DOM0, &[GrantRef(event_gref)], Access::ReadWrite)
         .unwrap();
     assert_eq!(
-        fe.call(Request::Init { version: 1 }).status,
+        fe.call(Request::Init { version: 2 }).status,
         Status::BadRequest,
         "Init twice"
     );
@@ -246,7 +246,7 @@ fn two_guests_connect_their_qps_on_one_host() {
     for d in [d1, d2] {
         let (mut fe, st) = Frontend::open(s.host.dir(), d, 0);
         assert_eq!(st, "4");
-        assert_eq!(fe.call(Request::Init { version: 1 }).status, Status::Ok);
+        assert_eq!(fe.call(Request::Init { version: 2 }).status, Status::Ok);
         let Reply::Handle(pd) = fe.call(Request::AllocPd).reply else {
             panic!()
         };
@@ -314,7 +314,7 @@ fn ring_index_games_close_the_channel_with_an_error() {
     let d = attach(&s, Quotas::default());
     let (mut fe, st) = Frontend::open(s.host.dir(), d, 0);
     assert_eq!(st, "4");
-    assert_eq!(fe.call(Request::Init { version: 1 }).status, Status::Ok);
+    assert_eq!(fe.call(Request::Init { version: 2 }).status, Status::Ok);
     // req_prod far beyond what the ring holds.
     fe.ring_page
         .store_u32(0, 1000, std::sync::atomic::Ordering::Release)
@@ -361,7 +361,7 @@ fn detach_closes_channels_politely() {
     let d = attach(&s, Quotas::default());
     let (mut fe, st) = Frontend::open(s.host.dir(), d, 0);
     assert_eq!(st, "4");
-    assert_eq!(fe.call(Request::Init { version: 1 }).status, Status::Ok);
+    assert_eq!(fe.call(Request::Init { version: 2 }).status, Status::Ok);
     let closed = toolstack::detach_device(&*s.dom0, d, 0, 0, PATIENCE).unwrap();
     assert!(closed, "the backend answered Closed");
     assert!(!s.dom0.exists(&s.backend_node(d, "state")).unwrap());
@@ -373,7 +373,7 @@ fn domain_destruction_reclaims_everything() {
     let d = attach(&s, Quotas::default());
     let (mut fe, st) = Frontend::open(s.host.dir(), d, 0);
     assert_eq!(st, "4");
-    assert_eq!(fe.call(Request::Init { version: 1 }).status, Status::Ok);
+    assert_eq!(fe.call(Request::Init { version: 2 }).status, Status::Ok);
     assert!(matches!(fe.call(Request::AllocPd).reply, Reply::Handle(_)));
     wait_value(&*s.dom0, &s.stats_node(d, "pds"), "1");
     s.host.destroy_domain(DomId(d as u16)).unwrap();

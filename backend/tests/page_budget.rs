@@ -33,7 +33,7 @@ fn attach(s: &Stack) -> u32 {
 fn open(s: &Stack, d: u32) -> Frontend {
     let (mut f, state) = Frontend::open(s.host.dir(), d, 0);
     assert_eq!(state, "4", "channel connected");
-    let r = f.call(Request::Init { version: 1 });
+    let r = f.call(Request::Init { version: 2 });
     assert_eq!(r.status, Status::Ok, "Init of domain {d}: {r:?}");
     f
 }
@@ -166,7 +166,7 @@ fn the_refusal_names_the_knob_and_reclaim_gives_every_page_back() {
         },
     );
     assert_eq!(
-        call(&mut svc, 1, Request::Init { version: 1 }).status,
+        call(&mut svc, 1, Request::Init { version: 2 }).status,
         Status::Ok
     );
     assert_eq!(account.usage().get(Resource::GrantedPages), 2);
@@ -192,7 +192,7 @@ fn the_refusal_names_the_knob_and_reclaim_gives_every_page_back() {
         },
     );
     assert_eq!(
-        call(&mut svc2, 1, Request::Init { version: 1 }).status,
+        call(&mut svc2, 1, Request::Init { version: 2 }).status,
         Status::Ok
     );
     assert_eq!(
@@ -216,7 +216,7 @@ fn the_refusal_names_the_knob_and_reclaim_gives_every_page_back() {
     // The other guest still has its whole share.
     let (mut other, _) = bench.service(1, Quotas::default());
     assert_eq!(
-        call(&mut other, 1, Request::Init { version: 1 }).status,
+        call(&mut other, 1, Request::Init { version: 2 }).status,
         Status::Ok
     );
     assert_eq!(
@@ -268,7 +268,7 @@ fn cq_rings_are_granted_read_only() {
     let bench = Bench::new(BudgetLimits::UNLIMITED);
     let (mut svc, _) = bench.service(0, Quotas::default());
     assert_eq!(
-        call(&mut svc, 1, Request::Init { version: 1 }).status,
+        call(&mut svc, 1, Request::Init { version: 2 }).status,
         Status::Ok
     );
     let r = call(&mut svc, 2, Request::CreateCq { cqe_log2: 4 });

@@ -258,7 +258,7 @@ fn detach_closes_a_live_channel_and_a_gone_domain_is_cleaned_up() {
     ok(&s, &["attach", &d.to_string()]);
     let (mut fe, st) = Frontend::open(s.host.dir(), d, 0);
     assert_eq!(st, "4");
-    assert_eq!(fe.call(Request::Init { version: 1 }).status, Status::Ok);
+    assert_eq!(fe.call(Request::Init { version: 2 }).status, Status::Ok);
     wait_value(&*s.dom0, &s.stats_node(d, "channels"), "1");
     let out = ok(&s, &["detach", &d.to_string()]);
     // "detached" (not "removed"): the backend closed the channel and answered Closed.
@@ -287,7 +287,7 @@ fn list_and_stats_show_channels_and_resources_then_zero() {
     ok(&s, &["attach", &d.to_string(), "--max-pds", "3"]);
     let (mut fe, st) = Frontend::open(s.host.dir(), d, 0);
     assert_eq!(st, "4");
-    assert_eq!(fe.call(Request::Init { version: 1 }).status, Status::Ok);
+    assert_eq!(fe.call(Request::Init { version: 2 }).status, Status::Ok);
     let pd = fe.alloc_pd();
     let (mem, r) = fe.reg_inline_mr(pd, 2);
     assert_eq!(r.status, Status::Ok, "{r:?}");

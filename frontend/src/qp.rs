@@ -189,17 +189,19 @@ impl<'a> QueuePairBuilder<'a> {
             let (rq_page, rq_k) = ctx.chan.doorbell_slot(rq_slot, doorbell_gref)?;
             let sq_db = sq_page.queue(sq_k)?;
             let rq_db = rq_page.queue(rq_k)?;
-            let sq = WqProducer::new(
+            let sq = WqProducer::with_owner(
                 region.slots::<WQE_LEN>(0, 1usize << sq_log2)?,
                 sq_db.prod,
                 sq_db.cons,
                 0,
+                shared_ring::abi::wqe::field::OWNER,
             );
-            let rq = WqProducer::new(
+            let rq = WqProducer::with_owner(
                 region.slots::<WQE_LEN>(sq_pages * PAGE_SIZE, 1usize << rq_log2)?,
                 rq_db.prod,
                 rq_db.cons,
                 0,
+                shared_ring::abi::wqe::field::OWNER,
             );
             let kick = ctx.chan.doorbell.engine_kick()?;
             Ok((region, sq, rq, kick))

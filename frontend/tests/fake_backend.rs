@@ -34,7 +34,7 @@ fn handshake_publishes_the_channel_and_close_is_polite() {
     let fchan = format!("{}/channel/0", w.front_dir());
     let s = &w.dom0_store;
     assert_eq!(s.read_string(&format!("{fchan}/state")).unwrap(), "3");
-    assert_eq!(s.read_string(&format!("{fchan}/version")).unwrap(), "1");
+    assert_eq!(s.read_string(&format!("{fchan}/version")).unwrap(), "2");
     assert_eq!(
         s.read_string(&format!("{fchan}/pid")).unwrap(),
         std::process::id().to_string()
@@ -477,7 +477,7 @@ fn a_late_closed_of_an_earlier_channel_is_not_the_answer() {
     let w = World::new();
     w.attach();
     let s = &w.dom0_store;
-    s.write(&format!("{}/versions", w.back_dir()), "1").unwrap();
+    s.write(&format!("{}/versions", w.back_dir()), "2").unwrap();
     s.write(&format!("{}/state", w.back_dir()), "2").unwrap();
     let (platform, store) = (w.guest_platform(), w.guest_store());
     let opener = std::thread::spawn(move || {

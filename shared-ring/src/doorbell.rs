@@ -5,11 +5,15 @@
 //! ```text
 //!    0  header line (backend, once):  0 magic u32 "VRDB"  4 version u32  8 slots u32
 //!   64  engine line (backend):  64 engine_sleeping u32 (bit 0 sleeping, bits 1.. sleep number)
-//!  128 + 128*k  slot k, front line (frontend writes):
-//!               SQ/RQ: +0 producer index          CQ: +0 arm word, +4 consumer index
-//!  192 + 128*k  slot k, back line (backend writes):
-//!               SQ/RQ: +0 consumer index          CQ: unused (0)
+//!  128 + 128*k  slot k, front line:
+//!               SQ/RQ: +0 producer index (frontend)   CQ: +0 arm word (frontend)
+//!  192 + 128*k  slot k, back line:
+//!               SQ/RQ: +0 consumer index (backend)    CQ: +0 consumer index (frontend)
 //! ```
+//! The CQ's two words are written by the frontend but sit on different lines: the engine reads
+//! the arm word after every batch of completions, the consumer index only when the CQ looks
+//! full, and the frontend stores the consumer index on every poll — on one line, every poll
+//! would make the engine's arm-word read a miss.
 //! The backend allocates the page (one or more 4 KiB pages), zeroes it, writes the header and
 //! assigns slots at `CreateQp` / `CreateCq`.
 //!
@@ -43,8 +47,8 @@ pub mod field {
     pub const QUEUE_CONS: usize = 64;
     /// Inside a slot: CQ arm word (front line).
     pub const CQ_ARM: usize = 0;
-    /// Inside a slot: CQ consumer index (front line).
-    pub const CQ_CONS: usize = 4;
+    /// Inside a slot: CQ consumer index (back line; the frontend writes it).
+    pub const CQ_CONS: usize = 64;
 }
 
 /// `engine_sleeping` values.
@@ -175,6 +179,7 @@ impl DoorbellPage {
 
 const _: () = assert!(field::QUEUE_CONS - field::QUEUE_PROD >= CACHE_LINE);
 const _: () = assert!(field::SLOT_BASE - field::ENGINE_SLEEPING >= CACHE_LINE);
+const _: () = assert!(field::CQ_CONS - field::CQ_ARM >= CACHE_LINE);
 
 /// Index words of a send or receive queue.
 #[derive(Debug, Clone)]
@@ -287,7 +292,7 @@ mod tests {
         let c = db.cq(30).unwrap();
         assert_eq!(
             (c.arm.offset(), c.cons.offset()),
-            (128 + 30 * 128, 132 + 30 * 128)
+            (128 + 30 * 128, 192 + 30 * 128)
         );
         assert!(matches!(
             db.queue(31),

@@ -30,7 +30,8 @@ pub use xen_ring::{BackRing, FrontRing, RingError, RingIdx};
 pub type ControlFrontRing = FrontRing<{ abi::control::CONTROL_SLOT_LEN }>;
 /// Back end of a channel's control ring (backend: requests in, responses out).
 pub type ControlBackRing = BackRing<{ abi::control::CONTROL_SLOT_LEN }>;
-/// Frontend end of a send or receive queue.
+/// Frontend end of a send or receive queue (create with [`queue::Producer::with_owner`] and
+/// [`abi::wqe::field::OWNER`]).
 pub type WqProducer = queue::Producer<{ abi::wqe::WQE_LEN }>;
 /// Backend (engine) end of a send or receive queue.
 pub type WqConsumer = queue::Consumer<{ abi::wqe::WQE_LEN }>;

@@ -591,6 +591,30 @@ impl<const N: usize> SlotArray<N> {
             .with_word(self.slot_offset(idx) + OFF, |w| w.load(order))
     }
 
+    /// Loads the word at byte `off` of slot `idx` (masked); `off` must be a word inside the
+    /// slot (checked: panics otherwise, a caller's constant).
+    #[inline]
+    pub fn load_word_at(&self, idx: u32, off: usize, order: Ordering) -> u32 {
+        assert!(
+            off % 4 == 0 && off + 4 <= N,
+            "word {off} outside a {N}-byte slot"
+        );
+        self.region
+            .with_word(self.slot_offset(idx) + off, |w| w.load(order))
+    }
+
+    /// Stores the word at byte `off` of slot `idx` (masked); `off` as for
+    /// [`Self::load_word_at`].
+    #[inline]
+    pub fn store_word_at(&self, idx: u32, off: usize, value: u32, order: Ordering) {
+        assert!(
+            off % 4 == 0 && off + 4 <= N,
+            "word {off} outside a {N}-byte slot"
+        );
+        self.region
+            .with_word(self.slot_offset(idx) + off, |w| w.store(value, order))
+    }
+
     /// Stores the word at byte `OFF` of slot `idx` (masked).
     #[inline]
     pub fn store_word<const OFF: usize>(&self, idx: u32, value: u32, order: Ordering) {

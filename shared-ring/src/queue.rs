@@ -34,6 +34,22 @@ pub struct Producer<const N: usize> {
     cons: SharedWord,
     prod_pvt: u32,
     cons_seen: u32,
+    /// Byte offset of the owner (phase) word in a slot, if the queue has one.
+    owner: Option<usize>,
+}
+
+/// Phase of free-running slot index `idx` in a queue of `2^shift` slots.
+#[inline]
+fn phase(idx: u32, shift: u32) -> u32 {
+    ((idx >> shift) & 1) ^ 1
+}
+
+fn check_owner<const N: usize>(owner: usize) -> usize {
+    assert!(
+        owner % 4 == 0 && owner + 4 <= N,
+        "owner word at {owner} does not fit a {N}-byte slot"
+    );
+    owner
 }
 
 impl<const N: usize> Producer<N> {
@@ -45,6 +61,21 @@ impl<const N: usize> Producer<N> {
             cons,
             prod_pvt: idx,
             cons_seen: idx,
+            owner: None,
+        }
+    }
+    /// Like [`Self::new`], for a queue whose slots carry a phase bit in the owner word at byte
+    /// `owner` (panics unless it is a word inside the slot: a constant of the caller's ABI).
+    pub fn with_owner(
+        slots: SlotArray<N>,
+        prod: SharedWord,
+        cons: SharedWord,
+        idx: u32,
+        owner: usize,
+    ) -> Self {
+        Self {
+            owner: Some(check_owner::<N>(owner)),
+            ..Self::new(slots, prod, cons, idx)
         }
     }
     /// Number of slots.
@@ -77,7 +108,18 @@ impl<const N: usize> Producer<N> {
             return Err(QueueError::Full { size: self.size() });
         }
         let idx = self.prod_pvt;
-        self.slots.write(idx, slot);
+        match self.owner {
+            None => self.slots.write(idx, slot),
+            Some(off) => {
+                // The body with the owner word still saying "not yet" (the previous pass's
+                // phase), then the phase, released: a consumer that sees it sees the body.
+                let ph = phase(idx, self.slots.count().trailing_zeros());
+                let mut body = *slot;
+                body[off..off + 4].copy_from_slice(&(ph ^ 1).to_ne_bytes());
+                self.slots.write(idx, &body);
+                self.slots.store_word_at(idx, off, ph, Ordering::Release);
+            }
+        }
         self.prod_pvt = idx.wrapping_add(1);
         Ok(idx)
     }
@@ -85,6 +127,23 @@ impl<const N: usize> Producer<N> {
     #[inline]
     pub fn publish(&mut self) {
         self.prod.store(self.prod_pvt, Ordering::Release);
+    }
+}
+
+/// A lock-free look at whether a slot of a by-phase queue is published (see
+/// [`Consumer::phase_probe`]).
+#[derive(Debug, Clone)]
+pub struct PhaseProbe<const N: usize> {
+    slots: SlotArray<N>,
+    owner: usize,
+}
+
+impl<const N: usize> PhaseProbe<N> {
+    /// Whether free-running slot `idx` holds a published slot of its pass.
+    #[inline]
+    pub fn published(&self, idx: u32) -> bool {
+        let w = self.slots.load_word_at(idx, self.owner, Ordering::Acquire);
+        w & 1 == phase(idx, self.slots.count().trailing_zeros())
     }
 }
 
@@ -96,6 +155,11 @@ pub struct Consumer<const N: usize> {
     cons: SharedWord,
     cons_pvt: u32,
     prod_seen: u32,
+    /// Byte offset of the owner (phase) word in a slot, if the queue has one.
+    owner: Option<usize>,
+    /// Whether a slot is published when its phase says so (else: when the producer index
+    /// says so).
+    by_phase: bool,
 }
 
 impl<const N: usize> Consumer<N> {
@@ -107,6 +171,44 @@ impl<const N: usize> Consumer<N> {
             cons,
             cons_pvt: idx,
             prod_seen: idx,
+            owner: None,
+            by_phase: false,
+        }
+    }
+    /// Like [`Self::new`], for a queue whose slots carry a phase bit in the owner word at byte
+    /// `owner` (panics unless it is a word inside the slot). With `by_phase` a slot counts as
+    /// published when its phase matches, whatever the producer index says (the bypass
+    /// engine); without, the producer index decides (mediated mode follows a private index).
+    /// Either way slots are handed out with the owner word zeroed.
+    pub fn with_owner(
+        slots: SlotArray<N>,
+        prod: SharedWord,
+        cons: SharedWord,
+        idx: u32,
+        owner: usize,
+        by_phase: bool,
+    ) -> Self {
+        Self {
+            owner: Some(check_owner::<N>(owner)),
+            by_phase,
+            ..Self::new(slots, prod, cons, idx)
+        }
+    }
+    /// Whether slots are found by their phase bit.
+    pub fn is_by_phase(&self) -> bool {
+        self.by_phase && self.owner.is_some()
+    }
+    /// By phase: whether the next slot is published (one acquire load of its owner word).
+    #[inline]
+    fn next_published(&self) -> bool {
+        match self.owner {
+            Some(off) if self.by_phase => {
+                let w = self
+                    .slots
+                    .load_word_at(self.cons_pvt, off, Ordering::Acquire);
+                w & 1 == phase(self.cons_pvt, self.slots.count().trailing_zeros())
+            }
+            _ => false,
         }
     }
     /// Number of slots.
@@ -122,8 +224,12 @@ impl<const N: usize> Consumer<N> {
     pub fn prod_word(&self) -> &SharedWord {
         &self.prod
     }
-    /// Published slots not yet consumed, reading the producer's index (validated).
+    /// Published slots not yet consumed, reading the producer's index (validated). By phase:
+    /// 1 if the next slot is published, else 0 (the producer index is not read).
     pub fn available(&mut self) -> Result<u32, QueueError> {
+        if self.is_by_phase() {
+            return Ok(u32::from(self.next_published()));
+        }
         let prod = self.prod.load(Ordering::Acquire);
         let n = prod.wrapping_sub(self.cons_pvt);
         if n > self.size() {
@@ -140,12 +246,31 @@ impl<const N: usize> Consumer<N> {
     /// Copies the next published slot out and consumes it; `None` when there is none.
     #[inline]
     pub fn pop(&mut self) -> Result<Option<[u8; N]>, QueueError> {
-        if self.prod_seen == self.cons_pvt && self.available()? == 0 {
+        if self.is_by_phase() {
+            if !self.next_published() {
+                return Ok(None);
+            }
+        } else if self.prod_seen == self.cons_pvt && self.available()? == 0 {
             return Ok(None);
         }
-        let slot = self.slots.read(self.cons_pvt);
+        let mut slot = self.slots.read(self.cons_pvt);
+        if let Some(off) = self.owner {
+            slot[off..off + 4].fill(0);
+        }
         self.cons_pvt = self.cons_pvt.wrapping_add(1);
         Ok(Some(slot))
+    }
+    /// By phase, for a look without this end (an engine that keeps the end under a lock):
+    /// whether slot `idx` is published — see [`Self::is_by_phase`]; `None` when the queue is
+    /// not polled by phase.
+    pub fn phase_probe(&self) -> Option<PhaseProbe<N>> {
+        match self.owner {
+            Some(owner) if self.by_phase => Some(PhaseProbe {
+                slots: self.slots.clone(),
+                owner,
+            }),
+            _ => None,
+        }
     }
     /// Returns consumed slots to the producer: release-stores the consumer index.
     #[inline]

@@ -14,7 +14,7 @@ use shared_ring::abi::event::{EventKind, EventRepr, EVENT_LEN};
 use shared_ring::abi::wqe::{WqeRepr, MAX_SGE, WQE_LEN};
 use shared_ring::cq::{CqPoller, CqWriter};
 use shared_ring::doorbell::{CqDoorbell, DoorbellError, DoorbellPage, EngineSleep, QueueDoorbell};
-use shared_ring::queue::Producer;
+use shared_ring::queue::{PhaseProbe, Producer};
 use shared_ring::{SharedWord, WqConsumer};
 
 use super::mr::Seg;
@@ -64,6 +64,11 @@ impl Doorbells {
         }
         self.guest.push(page);
         Ok(first)
+    }
+
+    /// Whether the engine follows private producer indexes (mediated mode).
+    pub(crate) fn mediated(&self) -> bool {
+        self.private.is_some()
     }
 
     /// Slots of all pages.
@@ -307,12 +312,19 @@ pub(crate) struct RecvSide {
 /// `Qp::sq_idle_at` when the send side has work of its own (a blocked or partly executed WQE).
 pub(crate) const SQ_BUSY: u64 = u64::MAX;
 
+/// What [`Qp::sq_quiet`] looks at: the next WQE's phase (bypass) or the producer index word
+/// the engine follows (mediated).
+enum SqWatch {
+    Phase(PhaseProbe<WQE_LEN>),
+    Index(SharedWord),
+}
+
 /// A queue pair.
 pub(crate) struct Qp {
     pub(crate) num: QpNum,
-    /// The SQ producer index word the engine follows (a copy of the one in `send.sq`), looked
-    /// at without the send lock by [`Qp::sq_quiet`].
-    sq_prod: SharedWord,
+    /// How the engine tells, without the send lock, that a WQE was published after the SQ
+    /// consumer index it recorded ([`Qp::sq_quiet`]).
+    sq_watch: SqWatch,
     /// Written by the owning engine only, under the send lock: the SQ consumer index when it
     /// last left the send side with nothing to do, or [`SQ_BUSY`].
     sq_idle_at: AtomicU64,
@@ -349,7 +361,10 @@ impl Qp {
     ) -> Self {
         Self {
             num,
-            sq_prod: sq.prod_word().clone(),
+            sq_watch: match sq.phase_probe() {
+                Some(p) => SqWatch::Phase(p),
+                None => SqWatch::Index(sq.prod_word().clone()),
+            },
             sq_idle_at: AtomicU64::new(SQ_BUSY),
             ch,
             pd,
@@ -384,10 +399,18 @@ impl Qp {
 
     /// Owning engine: whether a pass over the send side would find nothing to do, without
     /// taking the send lock — it was idle when the engine left it and no WQE was published
-    /// since (one load of the QP's own line, one of the producer index's).
+    /// since (one load of the QP's own line, one of the next WQE's — or of the producer
+    /// index's in mediated mode).
+    #[inline]
     pub(crate) fn sq_quiet(&self) -> bool {
         let at = self.sq_idle_at.load(Ordering::Relaxed);
-        at != SQ_BUSY && u64::from(self.sq_prod.load(Ordering::Acquire)) == at
+        if at == SQ_BUSY {
+            return false;
+        }
+        match &self.sq_watch {
+            SqWatch::Phase(p) => !p.published(at as u32),
+            SqWatch::Index(prod) => u64::from(prod.load(Ordering::Acquire)) == at,
+        }
     }
 
     pub(crate) fn state(&self) -> QpState {

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use shared_ring::abi::cqe::{CqeRepr, CQE_LEN};
 use shared_ring::abi::event::{EventRepr, EVENT_LEN};
+use shared_ring::abi::wqe::field::OWNER;
 use shared_ring::abi::wqe::{WqeData, WqeOpcode, WqeRepr, WQE_LEN};
 use shared_ring::cq::CqPoller;
 use shared_ring::doorbell::{DoorbellPage, EngineKick};
@@ -287,8 +288,20 @@ impl TestChannel {
         TestQp {
             num,
             ch: self.id,
-            sq: WqProducer::new(sq_mem.slots(0, n).expect("slots"), sqd.prod, sqd.cons, 0),
-            rq: WqProducer::new(rq_mem.slots(0, n).expect("slots"), rqd.prod, rqd.cons, 0),
+            sq: WqProducer::with_owner(
+                sq_mem.slots(0, n).expect("slots"),
+                sqd.prod,
+                sqd.cons,
+                0,
+                OWNER,
+            ),
+            rq: WqProducer::with_owner(
+                rq_mem.slots(0, n).expect("slots"),
+                rqd.prod,
+                rqd.cons,
+                0,
+                OWNER,
+            ),
             sq_mem,
             rq_mem,
             kick: self.db.engine_kick().expect("kick word"),

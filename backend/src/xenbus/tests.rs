@@ -156,7 +156,7 @@ impl World {
                 let c = |k: &str| self.f(&format!("channel/{n}/{k}"));
                 t.write(&c("ring-ref"), "77")?;
                 t.write(&c("event-channel"), "9")?;
-                t.write(&c("version"), "1")?;
+                t.write(&c("version"), "2")?;
                 t.write(&c("nonce"), nonce)?;
                 t.write(&c("state"), "3")
             })
@@ -201,7 +201,7 @@ fn channel_connects_and_closes_with_the_etiquette() {
     let w = World::new(Quotas::default());
     let mut b = w.backend();
     b.scan().unwrap();
-    w.open_channel(0, 1);
+    w.open_channel(0, 2);
     b.scan_frontend(DEV).unwrap();
     assert_eq!(w.b("channel/0/state").as_deref(), Some("4"));
     {
@@ -256,18 +256,18 @@ fn garbage_channel_nodes_are_refused_not_trusted() {
     let w = World::new(Quotas::default());
     let mut b = w.backend();
     b.scan().unwrap();
-    w.open_channel(0, 1);
+    w.open_channel(0, 2);
     w.guest.write(&w.f("channel/0/ring-ref"), "-1").unwrap();
     w.guest.write(&w.f("channel/x"), "junk").unwrap();
     w.guest.write(&w.f("channel/01/state"), "3").unwrap();
     b.scan_frontend(DEV).unwrap();
     let err = w.b("channel/0/error").unwrap();
     assert!(err.contains("ring-ref"), "{err}");
-    w.open_channel(1, 1);
+    w.open_channel(1, 2);
     w.guest.write(&w.f("channel/1/mode"), "turbo").unwrap();
     b.scan_frontend(DEV).unwrap();
     assert!(w.b("channel/1/error").unwrap().contains("mode"));
-    w.open_channel(2, 1);
+    w.open_channel(2, 2);
     w.guest.write(&w.f("channel/2/mode"), "mediated").unwrap();
     b.scan_frontend(DEV).unwrap();
     assert_eq!(w.b("channel/2/state").as_deref(), Some("4"));
@@ -285,8 +285,8 @@ fn channel_quota_is_enforced_with_a_clear_error() {
     });
     let mut b = w.backend();
     b.scan().unwrap();
-    w.open_channel(0, 1);
-    w.open_channel(1, 1);
+    w.open_channel(0, 2);
+    w.open_channel(1, 2);
     b.scan_frontend(DEV).unwrap();
     assert_eq!(w.b("channel/0/state").as_deref(), Some("4"));
     assert_eq!(w.b("channel/1/state").as_deref(), Some("6"));
@@ -300,7 +300,7 @@ fn opener_failure_is_the_channel_error() {
     let w = World::new(Quotas::default());
     let mut b = w.backend_with(Some("cannot map grant 77 of domain 5"));
     b.scan().unwrap();
-    w.open_channel(0, 1);
+    w.open_channel(0, 2);
     b.scan_frontend(DEV).unwrap();
     assert_eq!(w.b("channel/0/state").as_deref(), Some("6"));
     assert!(w.b("channel/0/error").unwrap().contains("grant 77"));
@@ -312,7 +312,7 @@ fn detach_closes_channels_then_the_device() {
     let w = World::new(Quotas::default());
     let mut b = w.backend();
     b.scan().unwrap();
-    w.open_channel(0, 1);
+    w.open_channel(0, 2);
     b.scan_frontend(DEV).unwrap();
     let paths = toolstack::begin_detach(&*w.dom0, D, B, 0).unwrap();
     b.on_backend_path(&format!("{}/state", paths.backend))
@@ -333,8 +333,8 @@ fn domain_release_reclaims_everything() {
     let w = World::new(Quotas::default());
     let mut b = w.backend();
     b.scan().unwrap();
-    w.open_channel(0, 1);
-    w.open_channel(1, 1);
+    w.open_channel(0, 2);
+    w.open_channel(1, 2);
     b.scan_frontend(DEV).unwrap();
     assert_eq!(b.live_channels(DEV), vec![0, 1]);
     w.server.release_domain(D).unwrap();
@@ -358,7 +358,7 @@ fn restarted_backend_closes_stale_channels_and_republishes() {
         let mut b = w.backend();
         b.scan().unwrap();
         w.guest.write(&w.f("state"), "4").unwrap();
-        w.open_channel(0, 1);
+        w.open_channel(0, 2);
         b.scan_frontend(DEV).unwrap();
         assert_eq!(w.b("state").as_deref(), Some("4"));
         // The backend dies: its record goes without any XenStore write.
@@ -376,7 +376,7 @@ fn restarted_backend_closes_stale_channels_and_republishes() {
         "the stale channel is not reconnected"
     );
     // The process opens a new channel and it works; the stale one goes when removed.
-    w.open_channel(1, 1);
+    w.open_channel(1, 2);
     b.scan_frontend(DEV).unwrap();
     assert_eq!(w.b("channel/1/state").as_deref(), Some("4"));
     w.guest.rm(&w.f("channel/0")).unwrap();
@@ -389,7 +389,7 @@ fn shutdown_closes_every_channel_politely() {
     let w = World::new(Quotas::default());
     let mut b = w.backend();
     b.scan().unwrap();
-    w.open_channel(0, 1);
+    w.open_channel(0, 2);
     b.scan_frontend(DEV).unwrap();
     b.shutdown();
     assert_eq!(w.closed(), vec![(0, CloseReason::Shutdown)]);
@@ -403,7 +403,7 @@ fn a_dead_process_loses_its_channel_and_nodes() {
     let w = World::new(Quotas::default());
     let mut b = w.backend();
     b.scan().unwrap();
-    w.open_channel(0, 1);
+    w.open_channel(0, 2);
     b.scan_frontend(DEV).unwrap();
     b.channel_fault(DEV, 0, ChannelFault::Died).unwrap();
     assert_eq!(w.closed(), vec![(0, CloseReason::ProcessDied)]);
@@ -411,7 +411,7 @@ fn a_dead_process_loses_its_channel_and_nodes() {
     assert_eq!(w.b("channel/0/state"), None);
     assert!(b.account(DEV).unwrap().usage().is_zero());
     // A protocol error closes with the sentence.
-    w.open_channel(1, 1);
+    w.open_channel(1, 2);
     b.scan_frontend(DEV).unwrap();
     b.channel_fault(DEV, 1, ChannelFault::Protocol("ring overflow".into()))
         .unwrap();
@@ -427,14 +427,14 @@ fn quotas_come_from_the_backend_node() {
     });
     let mut b = w.backend();
     b.scan().unwrap();
-    w.open_channel(0, 1);
+    w.open_channel(0, 2);
     b.scan_frontend(DEV).unwrap();
     assert_eq!(b.account(DEV).unwrap().quotas().max_qps, 3);
     // The toolstack may change them; the next channel sees the change.
     w.dom0
         .write(&format!("{}/max-qps", device_backend_path(B, DEV)), "5")
         .unwrap();
-    w.open_channel(1, 1);
+    w.open_channel(1, 2);
     b.scan_frontend(DEV).unwrap();
     assert_eq!(b.account(DEV).unwrap().quotas().max_qps, 5);
 }

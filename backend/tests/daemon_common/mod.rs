@@ -204,7 +204,7 @@ impl Frontend {
             .transaction(|t| {
                 t.write(&format!("{ch}/ring-ref"), gref.0.to_string())?;
                 t.write(&format!("{ch}/event-channel"), port.to_string())?;
-                t.write(&format!("{ch}/version"), "1")?;
+                t.write(&format!("{ch}/version"), "2")?;
                 t.write(&format!("{ch}/pid"), std::process::id().to_string())?;
                 if let Some(f) = extra.take() {
                     f(t);

@@ -229,7 +229,7 @@ impl FakeBackend {
     pub fn start(w: &World) -> FakeBackend {
         let store = Client::from_unix_stream(w.xs.connect(0).unwrap()).unwrap();
         let back = w.back_dir();
-        store.write(&format!("{back}/versions"), "1").unwrap();
+        store.write(&format!("{back}/versions"), "2").unwrap();
         store.write(&format!("{back}/kind"), "fake").unwrap();
         store.write(&format!("{back}/max-inline"), "32").unwrap();
         store.write(&format!("{back}/state"), "2").unwrap();
@@ -369,7 +369,7 @@ fn answer(
         Request::Init { .. } => {
             let (db, dbg) = share(platform, guest, 1, Access::ReadWrite);
             let (ev, evg) = share(platform, guest, 1, Access::ReadWrite);
-            let page = DoorbellPage::init(db.clone(), 1).unwrap();
+            let page = DoorbellPage::init(db.clone(), shared_ring::PROTOCOL_VERSION).unwrap();
             let slots = page.slots();
             st.doorbell = Some(page);
             st.doorbell_gref = dbg[0];
@@ -377,7 +377,7 @@ fn answer(
             st.keep.push(db);
             st.keep.push(ev);
             ok(Reply::Init {
-                version: 1,
+                version: 2,
                 doorbell_gref: dbg[0],
                 event_gref: evg[0],
                 doorbell_slots: slots,
@@ -444,12 +444,24 @@ fn answer(
             let (ss, rs) = (st.slot(), st.slot());
             let db = st.doorbell.clone().unwrap();
             let (sqd, rqd) = (db.queue(ss).unwrap(), db.queue(rs).unwrap());
-            let sq = WqConsumer::new(r.slots(0, 1 << sq_log2).unwrap(), sqd.prod, sqd.cons, 0);
-            let rq = WqConsumer::new(
+            // Follows the producer index (as mediated mode does); WQEs come out with their
+            // owner (phase) word zeroed.
+            let owner = shared_ring::abi::wqe::field::OWNER;
+            let sq = WqConsumer::with_owner(
+                r.slots(0, 1 << sq_log2).unwrap(),
+                sqd.prod,
+                sqd.cons,
+                0,
+                owner,
+                false,
+            );
+            let rq = WqConsumer::with_owner(
                 r.slots(sq_pages * PAGE_SIZE, 1 << rq_log2).unwrap(),
                 rqd.prod,
                 rqd.cons,
                 0,
+                owner,
+                false,
             );
             let list = if grefs.len() <= 4 {
                 PageList::inline(&grefs).unwrap()

@@ -1,6 +1,7 @@
 //! WQEs on arbitrary bytes, as the backend engine reads them: a send queue whose producer
 //! index and slots are guest-written is drained through the consumer end, and every slot is
-//! parsed. Whatever parses must re-emit the same slot bytes and parse back to the same meaning.
+//! parsed, once following the producer index (mediated mode) and once by phase bit (bypass).
+//! Whatever parses must re-emit the same slot bytes and parse back to the same meaning.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -60,6 +61,25 @@ fuzz_target!(|data: &[u8]| {
             n <= SLOTS,
             "a consumer never yields more slots than the queue holds"
         );
+    }
+    q.release();
+
+    // The bypass engine's consumer, by phase bit from index 0: over memory nobody changes it
+    // yields at most one pass of slots, each with its owner word zeroed.
+    let mut q = WqConsumer::with_owner(
+        page.slots(128, SLOTS).unwrap(),
+        page.word(0).unwrap(),
+        page.word(64).unwrap(),
+        0,
+        shared_ring::abi::wqe::field::OWNER,
+        true,
+    );
+    let mut n = 0;
+    while let Ok(Some(slot)) = q.pop() {
+        assert_eq!(&slot[28..32], &[0; 4], "the owner word is handed out zeroed");
+        check(&slot);
+        n += 1;
+        assert!(n <= SLOTS, "a by-phase consumer stops after one pass over static slots");
     }
     q.release();
 });

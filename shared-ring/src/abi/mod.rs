@@ -17,7 +17,10 @@ pub mod xenstore;
 
 /// Version of the vrdma shared-memory protocol described by this crate. Negotiated in the
 /// channel's XenStore `version` key and the `Init` control request; stamped in the doorbell page.
-pub const PROTOCOL_VERSION: u32 = 1;
+///
+/// 2: the CQ consumer index moved to the back line of its doorbell slot; SQ/RQ WQEs carry a
+/// phase bit in their owner word (offset 28) that the engine polls.
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// A Xen grant reference.
 pub type GrantRef = u32;

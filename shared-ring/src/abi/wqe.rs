@@ -6,7 +6,7 @@
 //!  8  wr_id u64
 //! 16  remote_addr u64   (RDMA WRITE/READ)
 //! 24  rkey u32          (RDMA WRITE/READ)
-//! 28  reserved u32 (0)
+//! 28  owner u32        (bit 0 phase, written last with release; see `queue`)
 //! 32  payload: 2 SGEs of 16 bytes {offset u64, length u32, lkey u32}, or 32 bytes inline data
 //! ```
 //! Written by the frontend, copied out and validated by the backend engine.
@@ -32,7 +32,9 @@ pub mod field {
     pub const WR_ID: usize = 8;
     pub const REMOTE_ADDR: usize = 16;
     pub const RKEY: usize = 24;
-    pub const RESERVED: usize = 28;
+    /// The owner word: bit 0 is the slot's phase (`crate::queue`), the other bits 0. Queue
+    /// consumers hand WQEs out with it zeroed, so a parsed WQE has 0 here.
+    pub const OWNER: usize = 28;
     pub const PAYLOAD: usize = 32;
     /// Offsets inside one SGE.
     pub const SGE_OFFSET: usize = 0;
@@ -140,8 +142,8 @@ impl<T: AsRef<[u8]>> Wqe<T> {
         remote_addr: u64 @ field::REMOTE_ADDR;
         /// Remote key (RDMA).
         rkey: u32 @ field::RKEY;
-        /// Reserved, zero.
-        reserved: u32 @ field::RESERVED;
+        /// Owner word (phase bit; zero in a WQE copied out of a queue).
+        owner: u32 @ field::OWNER;
     }
     /// SGE `i` (`i < MAX_SGE`).
     pub fn sge(&self, i: usize) -> Sge {
@@ -169,7 +171,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Wqe<T> {
         set_wr_id: u64 @ field::WR_ID;
         set_remote_addr: u64 @ field::REMOTE_ADDR;
         set_rkey: u32 @ field::RKEY;
-        set_reserved: u32 @ field::RESERVED;
+        set_owner: u32 @ field::OWNER;
     }
     /// Sets SGE `i` (`i < MAX_SGE`).
     pub fn set_sge(&mut self, i: usize, sge: Sge) {
@@ -266,10 +268,8 @@ impl WqeRepr {
                 value: fl.into(),
             });
         }
-        if wqe.reserved() != 0 {
-            return Err(AbiError::Reserved {
-                field: "wqe.reserved",
-            });
+        if wqe.owner() != 0 {
+            return Err(AbiError::Reserved { field: "wqe.owner" });
         }
         if !opcode.has_imm() && wqe.imm_data() != 0 {
             return Err(AbiError::Reserved {
