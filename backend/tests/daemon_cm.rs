@@ -327,7 +327,7 @@ impl Bench {
         )
         .with_cm_policy(self.policy.clone());
         assert_eq!(
-            call(&mut svc, Request::Init { version: 1 }).status,
+            call(&mut svc, Request::Init { version: 2 }).status,
             Status::Ok
         );
         let ch = svc.device_channel().unwrap();
