@@ -945,10 +945,17 @@ mod tests {
         let mut got = [0u8; 8];
         dst.read_bytes(9, &mut got).unwrap();
         assert_eq!(got, [0, 0xbb, 3, 4, 5, 6, 7, 0]);
-        let mut sum = Vec::new();
-        src.for_each_chunk(1, 1500.min(63), |c| sum.extend_from_slice(c))
-            .unwrap();
-        assert_eq!(sum, (1..64).map(|i| i as u8).collect::<Vec<_>>());
+        let big = SharedRegion::alloc(1500).unwrap();
+        let data: Vec<u8> = (0..1500).map(|i| (i % 251) as u8).collect();
+        big.write_bytes(0, &data).unwrap();
+        let (mut seen, mut chunks) = (Vec::new(), 0);
+        big.for_each_chunk(1, 1499, |c| {
+            seen.extend_from_slice(c);
+            chunks += 1;
+        })
+        .unwrap();
+        assert_eq!(seen, data[1..]);
+        assert_eq!(chunks, 3, "512-byte chunks");
         assert!(src.for_each_chunk(1, 64, |_| ()).is_err());
     }
 

@@ -6,7 +6,16 @@
 //! The two halves meet at [`Established`]: connection setup ends with a TCP stream in MPA Full
 //! Operation and the parameters both ends agreed on; the data path runs a QP over it.
 
+use std::collections::HashMap;
 use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+
+mod hdr;
+pub(crate) mod qp;
+mod rx;
+mod tx;
+
+pub(crate) use qp::{has_work, process, RemoteQp};
 
 /// Which end of the connection this backend is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -44,4 +53,40 @@ pub struct Established {
     pub peer: SocketAddr,
     /// The peer's private data (after the enhanced IRD/ORD word, if any).
     pub peer_private: Vec<u8>,
+}
+
+/// The sockets of an engine's remote QPs, by their `mio` token (the QP number): readiness
+/// events become flags on the QP, which the engine's passes act on.
+#[derive(Default)]
+pub(crate) struct Sockets(HashMap<mio::Token, Arc<RemoteQp>>);
+
+impl Sockets {
+    /// The remote QPs among `qps`.
+    pub(crate) fn of(qps: &[Arc<super::objects::Qp>]) -> Self {
+        Sockets(
+            qps.iter()
+                .filter_map(|q| q.remote.get().map(|r| (r.token, r.clone())))
+                .collect(),
+        )
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Marks the QPs whose sockets `events` reported.
+    pub(crate) fn dispatch(&self, events: &mio::Events) {
+        for ev in events.iter() {
+            if let Some(r) = self.0.get(&ev.token()) {
+                r.note(ev);
+            }
+        }
+    }
+
+    /// Looks for readiness without blocking (an engine that is spinning).
+    pub(crate) fn poll_now(&self, poll: &mut mio::Poll, events: &mut mio::Events) {
+        if poll.poll(events, Some(std::time::Duration::ZERO)).is_ok() {
+            self.dispatch(events);
+        }
+    }
 }
