@@ -650,3 +650,56 @@ fn a_read_request_beyond_the_region_is_answered_with_an_rdmap_protection_termina
     assert_eq!(t[40..68], f[20..48], "quoted Read Request");
     hb.wait_state(&b, QpState::Error);
 }
+
+/// Waits until the engine serving the host's channel sleeps.
+fn wait_asleep(h: &Host) {
+    let start = Instant::now();
+    while !h.dev.engine_diag(h.ch.id).expect("engine").asleep {
+        assert!(start.elapsed() < HANG, "the engine never went to sleep");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn a_send_waits_for_its_recv_and_idle_engines_sleep() {
+    let mut ha = Host::new(1, ChannelMode::Bypass);
+    let mut hb = Host::new(2, ChannelMode::Bypass);
+    let (mut a, mut b) = (ha.qp(), hb.qp());
+    let src = ha.mr(4096);
+    let dst = hb.mr(4096);
+    attach(&mut ha, &a, &mut hb, &b, tcp_pair(), true, Rtr::Write);
+    // Connected and idle: both engines sleep (the sockets wake them).
+    wait_asleep(&ha);
+    wait_asleep(&hb);
+    let data = pattern(4096, 9);
+    src.fill(0, &data);
+    let mut w = wqe(WqeOpcode::Send, 1, &[src.sge(0, 4096)], (0, 0), 0);
+    w.flags |= shared_ring::abi::wqe::flags::SOLICITED;
+    a.post_send(&ha.dev, &w);
+    expect(&ha.wait(), 1, CqeOpcode::Send, CqeStatus::Success);
+    // No RECV yet: the message waits in the stream (no error, no completion).
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(hb.cq.poll(&hb.dev).is_none());
+    assert_eq!(hb.state(&b), QpState::Rts);
+    b.post_recv(&hb.dev, 2, &[dst.sge(0, 4096)]);
+    let r = hb.wait();
+    expect(&r, 2, CqeOpcode::Recv, CqeStatus::Success);
+    assert_eq!(r.byte_len, 4096);
+    assert_ne!(
+        r.flags & shared_ring::abi::cqe::flags::SOLICITED,
+        0,
+        "solicited"
+    );
+    assert!(dst.read(0, 4096) == data);
+    wait_asleep(&ha);
+    wait_asleep(&hb);
+    // A sleeping responder is woken by the next message.
+    b.post_recv(&hb.dev, 3, &[dst.sge(0, 4096)]);
+    wait_asleep(&hb);
+    a.post_send(
+        &ha.dev,
+        &wqe(WqeOpcode::Send, 4, &[src.sge(0, 16)], (0, 0), 0),
+    );
+    expect(&ha.wait(), 4, CqeOpcode::Send, CqeStatus::Success);
+    expect(&hb.wait(), 3, CqeOpcode::Recv, CqeStatus::Success);
+}
