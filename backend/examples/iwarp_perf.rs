@@ -1,6 +1,8 @@
 //! The iWARP data path against raw TCP between the same two loopback addresses, in one run:
 //! two `SoftDevice`s in this process as two hosts (127.0.0.2 and 127.0.0.3), one RC QP each
-//! over a TCP connection (CRC on, as between vrdma hosts), engines that never sleep.
+//! over a TCP connection (CRC on, as between vrdma hosts). Engines spin `--spin-us` after
+//! work (default 200, the device's default) and then sleep in epoll like the TCP baseline's
+//! blocking threads; the CQ pollers spin (`--yield`: they yield between polls).
 //!
 //! * `write_64k_bw` — RDMA WRITEs of 64 KiB, 32 outstanding, for `--secs`; the last is
 //!   followed by a 1-byte READ, so every byte was placed when the clock stops. Against
@@ -10,7 +12,7 @@
 //!   `TCP_NODELAY`, blocking reads. Round trips: median and 10th percentile of batches of 100.
 //!
 //! `uptime; cargo run --release -p vrdma-backend --no-default-features --example iwarp_perf`
-//! (`-- --secs N`, default 2).
+//! (`-- --secs N`, default 2; `-- --spin-us N`).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -51,12 +53,8 @@ struct Host {
     qp: TestQp,
 }
 
-fn host(domid: u16) -> Host {
-    let dev = SoftDevice::new(EngineConfig {
-        threads: 1,
-        spin: Duration::from_secs(3600),
-    })
-    .expect("device");
+fn host(domid: u16, spin: Duration) -> Host {
+    let dev = SoftDevice::new(EngineConfig { threads: 1, spin }).expect("device");
     let mut ch = TestChannel::open(&dev, domid, ChannelMode::Bypass);
     let cq = ch.cq(&dev, 10);
     let qp = ch.qp(&dev, &cq, &cq, 8);
@@ -77,8 +75,8 @@ fn est(stream: TcpStream, role: Role) -> Established {
     }
 }
 
-fn connected() -> (Host, Host) {
-    let (a, b) = (host(1), host(2));
+fn connected(spin: Duration) -> (Host, Host) {
+    let (a, b) = (host(1, spin), host(2, spin));
     let (client, server) = tcp_pair();
     b.dev
         .attach_stream(b.ch.id, b.qp.num, est(server, Role::Responder))
@@ -100,16 +98,24 @@ fn poll(h: &mut Host) -> shared_ring::abi::cqe::CqeRepr {
             assert_eq!(c.status, CqeStatus::Success, "{c:?}");
             return c;
         }
-        std::hint::spin_loop();
+        // `--yield`: polling threads give way (on a loaded machine they share the cores with
+        // the engines they wait for).
+        if YIELD.load(std::sync::atomic::Ordering::Relaxed) {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
     }
 }
+
+static YIELD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 fn gbit(bytes: u64, t: Duration) -> f64 {
     bytes as f64 * 8.0 / t.as_secs_f64() / 1e9
 }
 
-fn write_bw(secs: f64) -> f64 {
-    let (mut a, mut b) = connected();
+fn write_bw(secs: f64, spin: Duration) -> f64 {
+    let (mut a, mut b) = connected(spin);
     const LEN: u32 = 64 << 10;
     const WINDOW: u64 = 32;
     let src = a.ch.mr(&a.dev, u64::from(LEN), access::ALL);
@@ -174,8 +180,8 @@ fn stats(mut batches: Vec<f64>) -> (f64, f64) {
     (batches[batches.len() / 10], batches[batches.len() / 2])
 }
 
-fn send_rtt(secs: f64) -> (f64, f64) {
-    let (mut a, mut b) = connected();
+fn send_rtt(secs: f64, spin: Duration) -> (f64, f64) {
+    let (mut a, mut b) = connected(spin);
     let sa = a.ch.mr(&a.dev, 4096, access::ALL);
     let sb = b.ch.mr(&b.dev, 4096, access::ALL);
     for i in 0..64 {
@@ -249,16 +255,22 @@ fn tcp_rtt(secs: f64) -> (f64, f64) {
 }
 
 fn main() {
-    let mut secs = 2.0;
     let args: Vec<String> = std::env::args().collect();
-    if let Some(i) = args.iter().position(|a| a == "--secs") {
-        secs = args
-            .get(i + 1)
-            .and_then(|s| s.parse().ok())
-            .expect("--secs N");
+    let arg = |name: &str, default: f64| {
+        args.iter().position(|a| a == name).map_or(default, |i| {
+            args.get(i + 1)
+                .and_then(|s| s.parse().ok())
+                .unwrap_or_else(|| panic!("{name} N"))
+        })
+    };
+    let secs = arg("--secs", 2.0);
+    let spin = Duration::from_secs_f64(arg("--spin-us", 200.0) / 1e6);
+    if args.iter().any(|a| a == "--yield") {
+        YIELD.store(true, std::sync::atomic::Ordering::Relaxed);
     }
+    println!("engines spin {spin:?} after work, then sleep in epoll (sockets and kicks)");
     let tcp = tcp_bw(secs);
-    let write = write_bw(secs);
+    let write = write_bw(secs, spin);
     println!("tcp_stream_64k_bw      {tcp:8.2} Gbit/s");
     println!("write_64k_bw           {write:8.2} Gbit/s");
     println!(
@@ -266,7 +278,7 @@ fn main() {
         write / tcp
     );
     let (tp10, tmed) = tcp_rtt(secs);
-    let (sp10, smed) = send_rtt(secs);
+    let (sp10, smed) = send_rtt(secs, spin);
     println!("tcp_pingpong_64_rtt    p10 {tp10:7.2} µs  median {tmed:7.2} µs");
     println!("send_64_rtt            p10 {sp10:7.2} µs  median {smed:7.2} µs");
     println!(

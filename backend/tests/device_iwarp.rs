@@ -605,10 +605,10 @@ fn a_write_to_an_unknown_stag_is_answered_with_a_ddp_tagged_terminate() {
     // Untagged last, RDMAP Terminate on QN 2, MSN 1, MO 0.
     assert_eq!(t[..2], [0x41, 0x47], "Terminate header");
     assert_eq!(t[6..18], [0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0]);
-    // Layer DDP (1), tagged buffer error (1), invalid STag (0), the D flag, then the
-    // offending header quoted.
-    assert_eq!(t[18..22], [0x11, 0x00, 0x40, 0x00], "Terminate control");
-    assert_eq!(t[22..36], f[2..16], "quoted DDP header");
+    // Layer DDP (1), tagged buffer error (1), invalid STag (0), the M and D flags, then the
+    // offending segment's MPA length and DDP header quoted (as siw does).
+    assert_eq!(t[18..22], [0x11, 0x00, 0xc0, 0x00], "Terminate control");
+    assert_eq!(t[22..38], f[..16], "quoted MPA length and DDP header");
     hb.wait_event(EventKind::QpFatal);
     hb.wait_state(&b, QpState::Error);
     // The stream is closed after the Terminate.
@@ -644,10 +644,10 @@ fn a_read_request_beyond_the_region_is_answered_with_an_rdmap_protection_termina
     raw.write_all(&f).expect("send FPDU");
     let t = read_fpdu(&mut raw);
     assert_eq!(t[..2], [0x41, 0x47], "Terminate header");
-    // Layer RDMAP (0), remote protection (1), base or bounds violation (1), D and R flags.
-    assert_eq!(t[18..22], [0x01, 0x01, 0x60, 0x00], "Terminate control");
-    assert_eq!(t[22..40], f[2..20], "quoted DDP header");
-    assert_eq!(t[40..68], f[20..48], "quoted Read Request");
+    // Layer RDMAP (0), remote protection (1), base or bounds violation (1), M, D and R.
+    assert_eq!(t[18..22], [0x01, 0x01, 0xe0, 0x00], "Terminate control");
+    assert_eq!(t[22..42], f[..20], "quoted MPA length and DDP header");
+    assert_eq!(t[42..70], f[20..48], "quoted Read Request");
     hb.wait_state(&b, QpState::Error);
 }
 

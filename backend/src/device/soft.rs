@@ -894,14 +894,27 @@ impl SoftDevice {
     /// iWARP connection. The initiator (and a responder without RTR) goes to RTS and its
     /// channel gets `QpEstablished` now; a responder that negotiated an RTR waits in Rtr for
     /// the initiator's first FPDU, then does the same. Called by the connection manager when
-    /// MPA negotiation ends; the QP keeps the stream until it is destroyed.
+    /// MPA negotiation ends (tests call it with a hand-made [`super::iwarp::Established`]);
+    /// the QP keeps the stream until it is destroyed.
     pub fn attach_stream(
         &self,
         ch: ChannelId,
         qp: QpNum,
         est: super::iwarp::Established,
     ) -> DeviceResult<()> {
-        let mut t = self.tables();
+        self.inner.attach_stream(ch, qp, est)
+    }
+}
+
+impl Inner {
+    /// See [`SoftDevice::attach_stream`] (the connection manager's thread has an `Inner`).
+    pub(crate) fn attach_stream(
+        &self,
+        ch: ChannelId,
+        qp: QpNum,
+        est: super::iwarp::Established,
+    ) -> DeviceResult<()> {
+        let mut t = lock(&self.tables);
         if !entry(&mut t, ch)?.qps.contains_key(&qp) {
             return Err(bad("QP", qp.0));
         }
@@ -916,7 +929,7 @@ impl SoftDevice {
                 "QP is already connected",
             ));
         }
-        let engine = &self.inner.engines[q.ch.engine.idx];
+        let engine = &self.engines[q.ch.engine.idx];
         let (remote, ready) = super::iwarp::qp::attach(&q, est, &engine.registry)
             .map_err(|e| inval(format!("the connection's socket: {e}")))?;
         // Connected (to the stream): no `connect_qp`, no state changes but Error from here.

@@ -184,7 +184,7 @@ impl Term {
     pub(crate) const RDMAP_ACCESS: Term = Term::new(RDMAP, 1, 0x02);
     pub(crate) const RDMAP_VERSION: Term = Term::new(RDMAP, 2, 0x05);
     pub(crate) const RDMAP_OPCODE: Term = Term::new(RDMAP, 2, 0x06);
-    pub(crate) const RDMAP_CATASTROPHIC: Term = Term::new(RDMAP, 2, 0x07);
+    pub(crate) const RDMAP_LOCAL_CATASTROPHIC: Term = Term::new(RDMAP, 0, 0x00);
     pub(crate) const RDMAP_UNSPECIFIED: Term = Term::new(RDMAP, 2, 0xff);
     // DDP tagged buffer errors (etype 1).
     pub(crate) const DDP_T_INVALID_STAG: Term = Term::new(DDP, 1, 0x00);
@@ -198,8 +198,9 @@ impl Term {
     pub(crate) const DDP_UT_VERSION: Term = Term::new(DDP, 2, 0x06);
     // LLP (MPA) errors (etype 0).
     pub(crate) const MPA_CRC: Term = Term::new(LLP, 0, 0x02);
-    /// A frame that is not one (length field and content disagree).
-    pub(crate) const MALFORMED: Term = Term::new(LLP, 0, 0x03);
+    /// A frame that is not one (truncated header, length field and content disagree):
+    /// RDMAP's catastrophic error localized to the stream, as the `iwarp-proto` codec maps it.
+    pub(crate) const MALFORMED: Term = Term::new(RDMAP, 2, 0x07);
 
     /// The completion status a requester gives its failed work request when the peer
     /// terminated the stream with this error (the statuses of the intra-host path).
@@ -212,20 +213,21 @@ impl Term {
         }
     }
 
-    /// The Terminate message's body: the control word, then the header of the segment that
-    /// caused it (`ddp`, with the D flag) and the Read Request body (`rdmap`, with R).
-    pub(crate) fn emit_body(&self, ddp: Option<&[u8]>, rdmap: Option<&[u8]>, out: &mut Vec<u8>) {
+    /// The Terminate message's body: the control word, then the segment that caused it
+    /// (`seg`: its MPA length field and DDP header, with the M and D flags, as siw quotes it)
+    /// and the Read Request body (`rdmap`, with R).
+    pub(crate) fn emit_body(&self, seg: Option<&[u8]>, rdmap: Option<&[u8]>, out: &mut Vec<u8>) {
         let mut w = u32::from(self.layer & 0xf) << 28
             | u32::from(self.etype & 0xf) << 24
             | u32::from(self.code) << 16;
-        if ddp.is_some() {
-            w |= 1 << 14;
+        if seg.is_some() {
+            w |= 1 << 15 | 1 << 14;
         }
         if rdmap.is_some() {
             w |= 1 << 13;
         }
         out.extend_from_slice(&w.to_be_bytes());
-        out.extend_from_slice(ddp.unwrap_or(&[]));
+        out.extend_from_slice(seg.unwrap_or(&[]));
         out.extend_from_slice(rdmap.unwrap_or(&[]));
     }
 
@@ -302,8 +304,9 @@ mod tests {
         assert_eq!(ReadReq::parse(&b), Some(r));
         assert_eq!(ReadReq::parse(&b[1..]), None);
         let mut t = Vec::new();
-        Term::DDP_T_BOUNDS.emit_body(Some(&[9; TAGGED_LEN]), None, &mut t);
-        assert_eq!(t[..4], [0x11, 0x01, 0x40, 0x00]);
+        Term::DDP_T_BOUNDS.emit_body(Some(&[9; MPA_LEN + TAGGED_LEN]), None, &mut t);
+        assert_eq!(t[..4], [0x11, 0x01, 0xc0, 0x00]);
+        assert_eq!(t.len(), 4 + MPA_LEN + TAGGED_LEN);
         assert_eq!(Term::parse_body(&t), Some(Term::DDP_T_BOUNDS));
         assert_eq!(Term::parse_body(&t[..3]), None);
         assert_eq!(pad(18), 0);

@@ -284,11 +284,13 @@ impl Conn {
     }
 
     /// A protocol error found here: Terminate (after the bytes already queued), QP to Error.
-    /// `ddp` is the header of the offending segment, `rdmap` a Read Request body.
+    /// `ddp` is the offending segment's MPA length and DDP header, `rdmap` a Read Request
+    /// body.
     pub(crate) fn terminate(&mut self, qp: &Qp, t: Term, ddp: Option<&[u8]>, rdmap: Option<&[u8]>) {
         tracing::debug!(qp = qp.num.0, ?t, "sending Terminate");
         if !self.closing && !self.dead {
-            let mut body = Vec::with_capacity(4 + hdr::UNTAGGED_LEN + hdr::READ_REQ_LEN);
+            let mut body =
+                Vec::with_capacity(4 + hdr::MPA_LEN + hdr::UNTAGGED_LEN + hdr::READ_REQ_LEN);
             t.emit_body(ddp, rdmap, &mut body);
             let msn = self.msn[2];
             self.msn[2] = msn.wrapping_add(1);
@@ -452,7 +454,9 @@ pub(crate) fn has_work(qp: &Qp, r: &RemoteQp) -> bool {
     let c = lock(&r.conn);
     let state = qp.state();
     if state == QpState::Error {
-        return !c.dead || !c.inflight.is_empty() || c.held.is_some() || c.recv.is_some();
+        // A Terminate waiting for room in a full socket waits for the writable event.
+        let io = !c.dead && (!c.closing || c.tx.is_empty() || r.tx_ready.load(Ordering::Relaxed));
+        return io || !c.inflight.is_empty() || c.held.is_some() || c.recv.is_some();
     }
     if c.inflight.front().is_some_and(|f| f.status.is_some()) {
         return true;

@@ -34,8 +34,8 @@ struct Fpdu {
     crc: u32,
     /// Where the payload goes: segments and the message offset of the first byte.
     dst: Option<(SegList, usize)>,
-    /// The DDP header as received (a Terminate quotes it).
-    ddp: [u8; hdr::UNTAGGED_LEN],
+    /// The MPA length and DDP header as received (a Terminate quotes them).
+    ddp: [u8; MPA_LEN + hdr::UNTAGGED_LEN],
     dlen: usize,
 }
 
@@ -223,9 +223,9 @@ fn start(ctx: &Ctx<'_>, qp: &Qp, c: &mut Conn) -> Step {
     let ulpdu = c.rx.ulpdu();
     let dlen = h.len();
     let plen = ulpdu - dlen;
-    let mut ddp = [0u8; hdr::UNTAGGED_LEN];
-    ddp[..dlen].copy_from_slice(&c.rx.buf[MPA_LEN..MPA_LEN + dlen]);
-    let quote = &ddp[..dlen];
+    let mut ddp = [0u8; MPA_LEN + hdr::UNTAGGED_LEN];
+    ddp[..MPA_LEN + dlen].copy_from_slice(&c.rx.buf[..MPA_LEN + dlen]);
+    let quote = &ddp[..MPA_LEN + dlen];
     if c.wait_rtr {
         // The initiator's first FPDU is its RTR: from now on this end may send.
         c.wait_rtr = false;
@@ -386,9 +386,9 @@ fn read_request(
     msn: u32,
     dlen: usize,
     ulpdu: usize,
-    ddp: &[u8; hdr::UNTAGGED_LEN],
+    ddp: &[u8; MPA_LEN + hdr::UNTAGGED_LEN],
 ) -> Step {
-    let quote = &ddp[..dlen];
+    let quote = &ddp[..MPA_LEN + dlen];
     if !private_crc_ok(c, ulpdu) {
         c.terminate(qp, Term::MPA_CRC, Some(quote), None);
         return Step::Stop;
@@ -456,7 +456,7 @@ fn take_recv(ctx: &Ctx<'_>, qp: &Qp, c: &mut Conn) -> Result<bool, Term> {
         Err(e) => {
             drop(rv);
             tracing::debug!(qp = qp.num.0, "RQ index garbage: {e}");
-            return Err(Term::RDMAP_CATASTROPHIC);
+            return Err(Term::RDMAP_LOCAL_CATASTROPHIC);
         }
         Ok(Some(raw)) => {
             rv.rq.release();
@@ -509,7 +509,7 @@ fn finish(qp: &Qp, c: &mut Conn) -> bool {
     let Some(f) = c.rx.cur.take() else {
         return true;
     };
-    let quote = &f.ddp[..f.dlen];
+    let quote = &f.ddp[..MPA_LEN + f.dlen];
     if c.crc {
         let mut crc = f.crc;
         if let Some((segs, off)) = &f.dst {
