@@ -12,7 +12,7 @@
 //!   `TCP_NODELAY`, blocking reads. Round trips: median and 10th percentile of batches of 100.
 //!
 //! `uptime; cargo run --release -p vrdma-backend --no-default-features --example iwarp_perf`
-//! (`-- --secs N`, default 2; `-- --spin-us N`).
+//! (`-- --secs N`, default 2; `--spin-us N`; `--yield`; `--no-crc`).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -67,7 +67,7 @@ fn est(stream: TcpStream, role: Role) -> Established {
         peer: stream.peer_addr().expect("peer"),
         stream,
         role,
-        crc: true,
+        crc: !NO_CRC.load(std::sync::atomic::Ordering::Relaxed),
         ird: 16,
         ord: 16,
         rtr: Rtr::Write,
@@ -108,6 +108,7 @@ fn poll(h: &mut Host) -> shared_ring::abi::cqe::CqeRepr {
     }
 }
 
+static NO_CRC: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 static YIELD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 fn gbit(bytes: u64, t: Duration) -> f64 {
@@ -265,6 +266,9 @@ fn main() {
     };
     let secs = arg("--secs", 2.0);
     let spin = Duration::from_secs_f64(arg("--spin-us", 200.0) / 1e6);
+    if args.iter().any(|a| a == "--no-crc") {
+        NO_CRC.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     if args.iter().any(|a| a == "--yield") {
         YIELD.store(true, std::sync::atomic::Ordering::Relaxed);
     }

@@ -703,3 +703,76 @@ fn a_send_waits_for_its_recv_and_idle_engines_sleep() {
     expect(&ha.wait(), 4, CqeOpcode::Send, CqeStatus::Success);
     expect(&hb.wait(), 3, CqeOpcode::Recv, CqeStatus::Success);
 }
+
+#[test]
+fn garbage_from_a_peer_fails_only_its_qp() {
+    let mut hb = Host::new(2, ChannelMode::Bypass);
+    let mr = hb.mr(4096);
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed as u8
+    };
+    let mut cases: Vec<Vec<u8>> = vec![
+        vec![0, 0, 0, 0],                    // ULPDU shorter than any header
+        vec![0xff, 0xff, 0x41, 0x47],        // a Terminate longer than allowed
+        vec![0, 18, 0x41, 0x43, 0, 0, 0, 0], // a SEND cut short, then the end of stream
+        vec![0, 14, 0xc1, 0x42, 0, 0, 0, 1], // a Read Response nobody asked for
+        vec![0, 18, 0x41, 0x48, 0, 0, 0, 0], // opcode 8
+        vec![0, 18, 0x42, 0x43, 0, 0, 0, 0], // DDP version 2
+    ];
+    for _ in 0..4 {
+        cases.push((0..4000).map(|_| rnd()).collect());
+    }
+    // A good SEND no RECV is posted for, then the end of the stream: the QP must not wait
+    // for the RECV forever.
+    let mut send = vec![
+        0, 22, 0x41, 0x43, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0,
+    ];
+    send.extend_from_slice(b"data");
+    send.extend_from_slice(&[0; 4]);
+    cases.push(send);
+    for (i, bytes) in cases.iter().enumerate() {
+        let b = hb.qp();
+        let (mut raw, server) = tcp_pair();
+        hb.dev
+            .attach_stream(
+                hb.ch.id,
+                b.num,
+                est(server, Role::Responder, i % 2 == 0, Rtr::None),
+            )
+            .expect("attach");
+        hb.wait_state(&b, QpState::Rts);
+        let mut pad = bytes.clone();
+        pad.resize(bytes.len().max(64), 0);
+        let _ = raw.write_all(&pad);
+        let _ = raw.shutdown(std::net::Shutdown::Write);
+        hb.wait_state(&b, QpState::Error);
+        hb.dev.destroy_qp(hb.ch.id, b.num).expect("destroy");
+    }
+    assert_eq!(mr.read(0, 4096), vec![0; 4096], "nothing placed");
+    // The device still runs connections.
+    let mut ha = Host::new(1, ChannelMode::Bypass);
+    let (mut a, b) = (ha.qp(), hb.qp());
+    let src = ha.mr(64);
+    src.fill(0, &[5; 64]);
+    attach(&mut ha, &a, &mut hb, &b, tcp_pair(), true, Rtr::Write);
+    a.post_send(
+        &ha.dev,
+        &wqe(
+            WqeOpcode::RdmaWrite,
+            1,
+            &[src.sge(0, 64)],
+            (mr.iova, mr.keys.rkey),
+            0,
+        ),
+    );
+    expect(&ha.wait(), 1, CqeOpcode::RdmaWrite, CqeStatus::Success);
+    let start = Instant::now();
+    while mr.read(0, 64) != vec![5; 64] {
+        assert!(start.elapsed() < HANG, "WRITE not placed");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}

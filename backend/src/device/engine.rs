@@ -119,7 +119,7 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
                 qps.extend(lock(&c.qps).iter().cloned());
                 ranges.push(start..qps.len());
             }
-            sockets = iwarp::Sockets::of(&qps);
+            sockets.rebuild(&qps);
         }
         if !sockets.is_empty() {
             sockets.poll_now(&mut poll, &mut events);

@@ -58,33 +58,51 @@ pub struct Established {
 /// The sockets of an engine's remote QPs, by their `mio` token (the QP number): readiness
 /// events become flags on the QP, which the engine's passes act on.
 #[derive(Default)]
-pub(crate) struct Sockets(HashMap<mio::Token, Arc<RemoteQp>>);
+pub(crate) struct Sockets {
+    map: HashMap<mio::Token, Arc<RemoteQp>>,
+    /// Events for sockets registered since the map was built (the engine rebuilds it when
+    /// it sees the change): kept for the next map, since an edge-triggered event never
+    /// comes back.
+    orphans: Vec<(mio::Token, qp::Readiness)>,
+}
+
+/// Most orphan events kept between two rebuilds.
+const MAX_ORPHANS: usize = 4096;
 
 impl Sockets {
-    /// The remote QPs among `qps`.
-    pub(crate) fn of(qps: &[Arc<super::objects::Qp>]) -> Self {
-        Sockets(
-            qps.iter()
-                .filter_map(|q| q.remote.get().map(|r| (r.token, r.clone())))
-                .collect(),
-        )
+    /// Rebuilds the map from the engine's QPs; orphan events go to their QPs now.
+    pub(crate) fn rebuild(&mut self, qps: &[Arc<super::objects::Qp>]) {
+        self.map = qps
+            .iter()
+            .filter_map(|q| q.remote.get().map(|r| (r.token, r.clone())))
+            .collect();
+        for (t, what) in self.orphans.drain(..) {
+            if let Some(r) = self.map.get(&t) {
+                r.mark(what);
+            }
+        }
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.map.is_empty()
     }
 
     /// Marks the QPs whose sockets `events` reported.
-    pub(crate) fn dispatch(&self, events: &mio::Events) {
+    pub(crate) fn dispatch(&mut self, events: &mio::Events) {
         for ev in events.iter() {
-            if let Some(r) = self.0.get(&ev.token()) {
-                r.note(ev);
+            let what = qp::Readiness::of(ev);
+            match self.map.get(&ev.token()) {
+                Some(r) => r.mark(what),
+                None if ev.token() != mio::Token(0) && self.orphans.len() < MAX_ORPHANS => {
+                    self.orphans.push((ev.token(), what));
+                }
+                None => {}
             }
         }
     }
 
     /// Looks for readiness without blocking (an engine that is spinning).
-    pub(crate) fn poll_now(&self, poll: &mut mio::Poll, events: &mut mio::Events) {
+    pub(crate) fn poll_now(&mut self, poll: &mut mio::Poll, events: &mut mio::Events) {
         if poll.poll(events, Some(std::time::Duration::ZERO)).is_ok() {
             self.dispatch(events);
         }

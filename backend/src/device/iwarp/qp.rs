@@ -108,17 +108,41 @@ pub(crate) struct RemoteQp {
     pub(crate) token: Token,
     pub(crate) rx_ready: AtomicBool,
     pub(crate) tx_ready: AtomicBool,
+    /// The peer closed its end or the socket failed (seen even while a SEND that waits for
+    /// its RECV keeps the stream unread).
+    pub(crate) hup: AtomicBool,
     pub(crate) conn: Mutex<Conn>,
 }
 
+/// What a readiness event of a socket said.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Readiness {
+    rx: bool,
+    tx: bool,
+    hup: bool,
+}
+
+impl Readiness {
+    pub(crate) fn of(ev: &mio::event::Event) -> Self {
+        Readiness {
+            rx: ev.is_readable() || ev.is_read_closed() || ev.is_error(),
+            tx: ev.is_writable() || ev.is_write_closed() || ev.is_error(),
+            hup: ev.is_read_closed() || ev.is_error(),
+        }
+    }
+}
+
 impl RemoteQp {
-    /// A readiness event of the socket.
-    pub(crate) fn note(&self, ev: &mio::event::Event) {
-        if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+    /// Records a readiness event of the socket.
+    pub(crate) fn mark(&self, what: Readiness) {
+        if what.rx {
             self.rx_ready.store(true, Ordering::Relaxed);
         }
-        if ev.is_writable() || ev.is_write_closed() || ev.is_error() {
+        if what.tx {
             self.tx_ready.store(true, Ordering::Relaxed);
+        }
+        if what.hup {
+            self.hup.store(true, Ordering::Relaxed);
         }
     }
 }
@@ -199,6 +223,7 @@ pub(crate) fn attach(
         token,
         rx_ready: AtomicBool::new(true),
         tx_ready: AtomicBool::new(true),
+        hup: AtomicBool::new(false),
         conn: Mutex::new(c),
     });
     Ok((r, !wait_rtr))
@@ -327,6 +352,10 @@ impl Conn {
 pub(crate) fn process(ctx: &Ctx<'_>, qp: &Arc<Qp>, r: &RemoteQp, budget: &mut usize) -> bool {
     let mut c = lock(&r.conn);
     let mut did = false;
+    if qp.state() != QpState::Error && !c.dead && c.rx.blocked && r.hup.load(Ordering::Relaxed) {
+        // The peer is gone; the message waiting for a RECV will never be completed.
+        c.disconnected(qp, &"the peer closed the stream");
+    }
     if qp.state() != QpState::Error && !c.dead {
         if r.rx_ready.load(Ordering::Relaxed) {
             did |= super::rx::run(ctx, qp, r, &mut c, budget);
@@ -465,7 +494,7 @@ pub(crate) fn has_work(qp: &Qp, r: &RemoteQp) -> bool {
         return false;
     }
     if r.rx_ready.load(Ordering::Relaxed) {
-        if !c.rx.blocked {
+        if !c.rx.blocked || r.hup.load(Ordering::Relaxed) {
             return true;
         }
         if lock(&qp.recv).rq.available().map_or(true, |n| n > 0) {
