@@ -147,6 +147,9 @@ impl RemoteQp {
     }
 }
 
+/// Idle time before a silent peer is probed (a dead one is noticed about twice this later).
+const PEER_PROBE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Takes over an established stream for `qp`: non-blocking, `TCP_NODELAY`, FPDUs sized to the
 /// MSS, registered with the owning engine's poller; the initiator's RTR is queued as the
 /// first FPDU. Returns the remote QP and whether it may go to RTS now (a responder waiting
@@ -159,7 +162,20 @@ pub(crate) fn attach(
     let std = est.stream;
     std.set_nonblocking(true)?;
     std.set_nodelay(true)?;
-    let mss = socket2::SockRef::from(&std).tcp_mss().unwrap_or(1460) as usize;
+    let sref = socket2::SockRef::from(&std);
+    let mss = sref.tcp_mss().unwrap_or(1460) as usize;
+    // A peer host that dies without a FIN or RST: keepalive probes notice an idle stream,
+    // the user timeout one with unacknowledged bytes; either ends in a socket error.
+    let probe = socket2::TcpKeepalive::new()
+        .with_time(PEER_PROBE)
+        .with_interval(PEER_PROBE / 4)
+        .with_retries(4);
+    if let Err(e) = sref
+        .set_tcp_keepalive(&probe)
+        .and_then(|()| sref.set_tcp_user_timeout(Some(PEER_PROBE * 2)))
+    {
+        tracing::debug!(qp = qp.num.0, "keepalive not set: {e}");
+    }
     let mut sock = mio::net::TcpStream::from_std(std);
     let token = Token(qp.num.0 as usize);
     registry.register(&mut sock, token, Interest::READABLE | Interest::WRITABLE)?;
