@@ -94,14 +94,19 @@ fn tcp_pair() -> (TcpStream, TcpStream) {
 }
 
 fn est(stream: TcpStream, role: Role, crc: bool, rtr: Rtr) -> Established {
+    est_ord(stream, role, crc, rtr, 8)
+}
+
+/// [`est`] with IRD = ORD = `ord`.
+fn est_ord(stream: TcpStream, role: Role, crc: bool, rtr: Rtr, ord: u16) -> Established {
     Established {
         local: stream.local_addr().expect("local"),
         peer: stream.peer_addr().expect("peer"),
         stream,
         role,
         crc,
-        ird: 8,
-        ord: 8,
+        ird: ord,
+        ord,
         rtr,
         peer_private: Vec::new(),
     }
@@ -775,4 +780,92 @@ fn garbage_from_a_peer_fails_only_its_qp() {
         assert!(start.elapsed() < HANG, "WRITE not placed");
         std::thread::sleep(Duration::from_millis(1));
     }
+}
+
+#[test]
+fn reads_beyond_ord_wait_their_turn() {
+    let mut ha = Host::new(1, ChannelMode::Bypass);
+    let mut hb = Host::new(2, ChannelMode::Bypass);
+    let (mut a, b) = (ha.qp(), hb.qp());
+    let local = ha.mr(6 << 16);
+    let remote = hb.mr(6 << 16);
+    remote.fill(0, &pattern(6 << 16, 77));
+    let (client, server) = tcp_pair();
+    hb.dev
+        .attach_stream(
+            hb.ch.id,
+            b.num,
+            est_ord(server, Role::Responder, true, Rtr::Write, 2),
+        )
+        .expect("attach");
+    ha.dev
+        .attach_stream(
+            ha.ch.id,
+            a.num,
+            est_ord(client, Role::Initiator, true, Rtr::Write, 2),
+        )
+        .expect("attach");
+    ha.wait_state(&a, QpState::Rts);
+    hb.wait_state(&b, QpState::Rts);
+    // Six READs with ORD 2: the later ones wait at the head of the SQ; all complete, in
+    // order, with their bytes.
+    for i in 0..6u64 {
+        a.post_send(
+            &ha.dev,
+            &wqe(
+                WqeOpcode::RdmaRead,
+                i,
+                &[local.sge(i << 16, 1 << 16)],
+                (remote.iova + (i << 16), remote.keys.rkey),
+                0,
+            ),
+        );
+    }
+    for i in 0..6u64 {
+        expect(&ha.wait(), i, CqeOpcode::RdmaRead, CqeStatus::Success);
+    }
+    assert!(local.read(0, 6 << 16) == pattern(6 << 16, 77));
+}
+
+#[test]
+fn read_requests_beyond_ird_are_terminated() {
+    let mut hb = Host::new(2, ChannelMode::Bypass);
+    let b = hb.qp();
+    let mr = hb.mr(4096);
+    let (mut raw, server) = tcp_pair();
+    hb.dev
+        .attach_stream(
+            hb.ch.id,
+            b.num,
+            est_ord(server, Role::Responder, false, Rtr::None, 1),
+        )
+        .expect("attach");
+    hb.wait_state(&b, QpState::Rts);
+    // Three 4 KiB Read Requests in one segment: IRD is 1.
+    let mut f = Vec::new();
+    for msn in 1..=3u32 {
+        f.extend_from_slice(&46u16.to_be_bytes());
+        f.extend_from_slice(&[0x41, 0x41, 0, 0, 0, 0, 0, 0, 0, 1]);
+        f.extend_from_slice(&msn.to_be_bytes());
+        f.extend_from_slice(&[0, 0, 0, 0]);
+        f.extend_from_slice(&9u32.to_be_bytes());
+        f.extend_from_slice(&0u64.to_be_bytes());
+        f.extend_from_slice(&4096u32.to_be_bytes());
+        f.extend_from_slice(&mr.keys.rkey.to_be_bytes());
+        f.extend_from_slice(&mr.iova.to_be_bytes());
+        f.extend_from_slice(&[0u8; 4]);
+    }
+    raw.write_all(&f).expect("send");
+    // Read Responses may come first; then a Terminate: DDP untagged, MSN out of range.
+    let start = Instant::now();
+    loop {
+        assert!(start.elapsed() < HANG, "no Terminate");
+        let t = read_fpdu(&mut raw);
+        if t[1] & 0xf == 7 {
+            assert_eq!(t[18..20], [0x12, 0x03], "Terminate layer/type and code");
+            break;
+        }
+        assert_eq!(t[1] & 0xf, 2, "a Read Response");
+    }
+    hb.wait_state(&b, QpState::Error);
 }
