@@ -869,3 +869,17 @@ fn read_requests_beyond_ird_are_terminated() {
     }
     hb.wait_state(&b, QpState::Error);
 }
+
+#[test]
+fn closing_the_peer_channel_disconnects_the_qp() {
+    let mut ha = Host::new(1, ChannelMode::Bypass);
+    let mut hb = Host::new(2, ChannelMode::Bypass);
+    let (mut a, b) = (ha.qp(), hb.qp());
+    let local = ha.mr(4096);
+    attach(&mut ha, &a, &mut hb, &b, tcp_pair(), true, Rtr::Read);
+    a.post_recv(&ha.dev, 1, &[local.sge(0, 4096)]);
+    hb.dev.close_channel(hb.ch.id);
+    ha.wait_event(EventKind::QpDisconnected);
+    ha.wait_state(&a, QpState::Error);
+    expect(&ha.wait(), 1, CqeOpcode::Recv, CqeStatus::WrFlushError);
+}
