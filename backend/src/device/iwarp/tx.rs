@@ -464,6 +464,12 @@ fn next_wqe(ctx: &Ctx<'_>, qp: &Arc<Qp>, c: &mut Conn) -> bool {
         }
     };
     c.set_len(seq, len as u64);
+    if len > u32::MAX as usize && w.opcode != WqeOpcode::RdmaWrite {
+        // DDP's MO and the Read Request's size are 32 bits: a longer SEND or READ has no
+        // encoding (two SGEs of up to 4 GiB each can add up to more).
+        c.mark(seq, CqeStatus::LocalLengthError, 0);
+        return true;
+    }
     let msg = |opcode, ddp, src| TxMsg {
         opcode,
         ddp,
