@@ -21,6 +21,7 @@ ALL=(
     frontend/fuzz:hostile_backend
     xenstore-proto/fuzz:codec
     xenstore-proto/fuzz:server
+    iwarp-proto/fuzz:iwarp
 )
 
 secs=${1:-60}

@@ -85,6 +85,7 @@ mod waker;
 #[cfg(test)]
 mod tests;
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -93,8 +94,9 @@ use shared_ring::abi::cqe::CqeRepr;
 use shared_ring::abi::event::EventRepr;
 use shared_ring::SharedRegion;
 
+pub use iwarp::CrcPolicy;
 pub use shared_ring::abi::control::{access, DeviceAttrs};
-pub use soft::{default_attrs, EngineDiag, SoftDevice, MAX_DOORBELL_PAGES};
+pub use soft::{default_attrs, CmConfig, EngineDiag, PeerFilter, SoftDevice, MAX_DOORBELL_PAGES};
 pub use xen_platform::DomId;
 
 /// A channel of this device (one guest process).
@@ -112,6 +114,34 @@ pub struct CqId(pub u32);
 /// A queue pair: its number is its handle and its RC endpoint address on this backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct QpNum(pub u32);
+
+/// A listening endpoint of the connection manager ([`Device::cm_listen`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ListenerId(pub u32);
+/// A connection request waiting at a listener for [`Device::cm_accept`] or
+/// [`Device::cm_reject`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ConnRequestId(pub u32);
+
+/// Most private data bytes a connect, accept or reject carries (rdma_cm's `private_data_len`
+/// is a u8).
+pub const MAX_PRIVATE_DATA: usize = 255;
+
+/// What the connection manager knows about a connection (request).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CmInfo {
+    /// This end's address.
+    pub local: SocketAddr,
+    /// The peer's address.
+    pub peer: SocketAddr,
+    /// The peer's private data: its request's (at a listener), or its reply's or reject's (at
+    /// the connecting QP). Empty before the peer answered.
+    pub private_data: Vec<u8>,
+    /// RDMA Reads the peer accepts outstanding (its IRD; the negotiated one once established).
+    pub ird: u16,
+    /// RDMA Reads the peer may have outstanding (its ORD; the negotiated one once established).
+    pub ord: u16,
+}
 
 /// Sends the channel's event (to the frontend). The daemon implements it with the channel's
 /// event channel ([`platform`] has an implementation for `xen_platform::EventChannel`).
@@ -406,5 +436,106 @@ pub trait Device: Send + Sync {
     fn domain_qp_stats(&self, domid: DomId) -> Vec<QpStats> {
         let _ = domid;
         Vec::new()
+    }
+
+    // ---- Connection manager (rdma_cm semantics) ----
+    //
+    // Every call answers at once; results arrive as events on the channel's event ring:
+    //
+    // * `ConnectRequest{handle: listener, detail: request id}` at the listening channel: a peer
+    //   (of this host or another) asks to connect; answer with `cm_accept` or `cm_reject`,
+    //   read its address and private data with `cm_request_info`.
+    // * `QpEstablished{handle: qp}` on both ends when the connection is up (the QP is in RTS).
+    // * `ConnectRejected{handle: qp}` at the connecting QP when the peer rejected it (its
+    //   reject private data in `cm_qp_info`), or nothing listens on the port (intra-host: no
+    //   listener; remote: TCP refused the connection — what rdma_cm reports as REJECTED too),
+    //   or the listener's backlog is full or its domain may not hear from this peer.
+    // * `ConnectUnreachable{handle: qp}` when there is no answer: timeout, TCP reset or closed
+    //   during the MPA exchange, a reply that is garbage or breaks the MPA policy (markers,
+    //   not revision 2 enhanced, no CRC under `CrcPolicy::Require`), an abandoned connect
+    //   (`cm_disconnect`), or a connection the data path could not take over (then also at
+    //   an accepting QP).
+    //
+    // Private data is at most [`MAX_PRIVATE_DATA`] bytes each way. QP numbers are not
+    // exchanged: the peer of a connection is its address.
+    // * `QpDisconnected{handle: qp}` when an established connection ends (either side's
+    //   `cm_disconnect`, the peer's QP destroyed, TCP closed).
+    //
+    // A QP that got `ConnectRejected` or `ConnectUnreachable` is in Error.
+
+    /// The device's own addresses: a connect to one of them pairs QPs on this host (no TCP).
+    fn local_addrs(&self) -> Vec<IpAddr> {
+        Vec::new()
+    }
+    /// Listens on `addr` (one of [`Self::local_addrs`], or unspecified for all of them); port 0
+    /// lets the device choose. A port is owned by one channel: `Busy` if another listener has
+    /// it. `backlog` bounds the requests waiting for an answer (more are refused).
+    fn cm_listen(&self, ch: ChannelId, addr: SocketAddr, backlog: u32) -> DeviceResult<ListenerId> {
+        let _ = (ch, addr, backlog);
+        Err(DeviceError::NotSupported("connection manager"))
+    }
+    /// The address a listener listens on (with the chosen port).
+    fn cm_listener_addr(&self, ch: ChannelId, l: ListenerId) -> DeviceResult<SocketAddr> {
+        let _ = (ch, l);
+        Err(DeviceError::NotSupported("connection manager"))
+    }
+    /// Stops listening; requests waiting at the listener are rejected.
+    fn cm_close_listener(&self, ch: ChannelId, l: ListenerId) -> DeviceResult<()> {
+        let _ = (ch, l);
+        Err(DeviceError::NotSupported("connection manager"))
+    }
+    /// Connects `qp` (in Init or Rtr, not yet connecting) to a listener at `peer` with
+    /// `private_data` (at most [`MAX_PRIVATE_DATA`] bytes). The answer is an event. A peer
+    /// the administrator did not allow for the channel's domain is `ConnectionRefused` at
+    /// once.
+    fn cm_connect(
+        &self,
+        ch: ChannelId,
+        qp: QpNum,
+        peer: SocketAddr,
+        private_data: &[u8],
+    ) -> DeviceResult<()> {
+        let _ = (ch, qp, peer, private_data);
+        Err(DeviceError::NotSupported("connection manager"))
+    }
+    /// Accepts a connection request on `qp` (in Init or Rtr, not connecting) with the reply's
+    /// `private_data`. `QpEstablished` follows on both ends (or `QpFatal`/`QpDisconnected` if
+    /// the peer went away meanwhile).
+    fn cm_accept(
+        &self,
+        ch: ChannelId,
+        req: ConnRequestId,
+        qp: QpNum,
+        private_data: &[u8],
+    ) -> DeviceResult<()> {
+        let _ = (ch, req, qp, private_data);
+        Err(DeviceError::NotSupported("connection manager"))
+    }
+    /// Rejects a connection request with `private_data`; the requester gets `ConnectRejected`.
+    fn cm_reject(
+        &self,
+        ch: ChannelId,
+        req: ConnRequestId,
+        private_data: &[u8],
+    ) -> DeviceResult<()> {
+        let _ = (ch, req, private_data);
+        Err(DeviceError::NotSupported("connection manager"))
+    }
+    /// Ends the connection of `qp` (or abandons its connect): the QP goes to Error (flush), and
+    /// both ends get `QpDisconnected` (an abandoned connect: `ConnectUnreachable`).
+    fn cm_disconnect(&self, ch: ChannelId, qp: QpNum) -> DeviceResult<()> {
+        let _ = (ch, qp);
+        Err(DeviceError::NotSupported("connection manager"))
+    }
+    /// The requester's addresses, private data and IRD/ORD of a waiting request.
+    fn cm_request_info(&self, ch: ChannelId, req: ConnRequestId) -> DeviceResult<CmInfo> {
+        let _ = (ch, req);
+        Err(DeviceError::NotSupported("connection manager"))
+    }
+    /// The connection of a QP that connected or accepted: addresses, and after `QpEstablished`
+    /// or `ConnectRejected` the peer's reply or reject private data and the negotiated IRD/ORD.
+    fn cm_qp_info(&self, ch: ChannelId, qp: QpNum) -> DeviceResult<CmInfo> {
+        let _ = (ch, qp);
+        Err(DeviceError::NotSupported("connection manager"))
     }
 }

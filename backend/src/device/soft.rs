@@ -8,7 +8,7 @@ use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasher;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 
 use shared_ring::abi::control::{access, QpState};
@@ -27,6 +27,10 @@ use super::stats::{ChanStats, Counters, Held};
 use super::waker::EngineWaker;
 use super::*;
 
+#[path = "cm.rs"]
+mod cm;
+pub use cm::{CmConfig, PeerFilter};
+
 /// Largest queue the device accepts (log2).
 const MAX_LOG2: u8 = 16;
 
@@ -41,6 +45,8 @@ struct Inner {
     tables: Mutex<Tables>,
     keys: Arc<KeyTable>,
     engines: Arc<[Arc<EngineShared>]>,
+    /// The connection manager, once [`SoftDevice::with_cm`] started it.
+    cm: OnceLock<cm::CmRuntime>,
 }
 
 #[derive(Default)]
@@ -54,6 +60,7 @@ struct Tables {
     mr_count: usize,
     cq_count: usize,
     pd_count: usize,
+    cm: cm::CmTables,
 }
 
 impl Tables {
@@ -194,6 +201,7 @@ impl SoftDevice {
                 tables: Mutex::new(Tables::default()),
                 keys,
                 engines,
+                cm: OnceLock::new(),
             }),
             threads,
         })
@@ -230,6 +238,9 @@ impl SoftDevice {
 
 impl Drop for SoftDevice {
     fn drop(&mut self) {
+        if let Some(cm) = self.inner.cm.get() {
+            cm.stop();
+        }
         for e in self.inner.engines.iter() {
             e.waker.stop();
         }
@@ -297,6 +308,7 @@ impl Inner {
     fn destroy_qp_locked(&self, t: &mut Tables, ch: ChannelId, num: QpNum) {
         let Some(qp) = t.qps.remove(&num) else { return };
         t.handles.release(num.0);
+        self.cm_forget_qp_locked(t, num);
         if let Some(e) = t.channels.get_mut(&ch) {
             if let Some((sq, rq)) = e.qps.remove(&num) {
                 e.slots.remove(&sq);
@@ -394,6 +406,8 @@ impl Device for SoftDevice {
         let Some(e) = t.channels.get(&ch) else { return };
         let c = e.ch.clone();
         c.closed.store(true, Ordering::SeqCst);
+        let listeners = self.inner.cm_close_channel_locked(&mut t, ch);
+        let Some(e) = t.channels.get(&ch) else { return };
         let qps: Vec<QpNum> = e.qps.keys().copied().collect();
         for q in qps {
             self.inner.destroy_qp_locked(&mut t, ch, q);
@@ -423,6 +437,9 @@ impl Device for SoftDevice {
         lock(&c.qps).clear();
         lock(&self.inner.engines[c.engine.idx].channels).retain(|x| x.id != ch);
         c.engine.changed();
+        for closed in listeners {
+            cm::wait_closed(Some(closed));
+        }
         tracing::debug!(ch = ch.0, "channel closed");
     }
 
@@ -887,6 +904,68 @@ impl Device for SoftDevice {
         out.sort_unstable_by_key(|s| s.qp.0);
         out
     }
+
+    fn local_addrs(&self) -> Vec<std::net::IpAddr> {
+        self.cm_local_addrs()
+    }
+
+    fn cm_listen(
+        &self,
+        ch: ChannelId,
+        addr: std::net::SocketAddr,
+        backlog: u32,
+    ) -> DeviceResult<ListenerId> {
+        self.cm_listen_impl(ch, addr, backlog)
+    }
+
+    fn cm_listener_addr(&self, ch: ChannelId, l: ListenerId) -> DeviceResult<std::net::SocketAddr> {
+        self.cm_listener_addr_impl(ch, l)
+    }
+
+    fn cm_close_listener(&self, ch: ChannelId, l: ListenerId) -> DeviceResult<()> {
+        self.cm_close_listener_impl(ch, l)
+    }
+
+    fn cm_connect(
+        &self,
+        ch: ChannelId,
+        qp: QpNum,
+        peer: std::net::SocketAddr,
+        private_data: &[u8],
+    ) -> DeviceResult<()> {
+        self.cm_connect_impl(ch, qp, peer, private_data)
+    }
+
+    fn cm_accept(
+        &self,
+        ch: ChannelId,
+        req: ConnRequestId,
+        qp: QpNum,
+        private_data: &[u8],
+    ) -> DeviceResult<()> {
+        self.cm_accept_impl(ch, req, qp, private_data)
+    }
+
+    fn cm_reject(
+        &self,
+        ch: ChannelId,
+        req: ConnRequestId,
+        private_data: &[u8],
+    ) -> DeviceResult<()> {
+        self.cm_reject_impl(ch, req, private_data)
+    }
+
+    fn cm_disconnect(&self, ch: ChannelId, qp: QpNum) -> DeviceResult<()> {
+        self.cm_disconnect_impl(ch, qp)
+    }
+
+    fn cm_request_info(&self, ch: ChannelId, req: ConnRequestId) -> DeviceResult<CmInfo> {
+        self.cm_request_info_impl(ch, req)
+    }
+
+    fn cm_qp_info(&self, ch: ChannelId, qp: QpNum) -> DeviceResult<CmInfo> {
+        self.cm_qp_info_impl(ch, qp)
+    }
 }
 
 impl SoftDevice {
@@ -908,6 +987,8 @@ impl SoftDevice {
 
 impl Inner {
     /// See [`SoftDevice::attach_stream`] (the connection manager's thread has an `Inner`).
+    /// If it fails, the connection manager moves the QP to Error, sends `ConnectUnreachable`
+    /// and drops `est` (closing the TCP connection).
     pub(crate) fn attach_stream(
         &self,
         ch: ChannelId,

@@ -3,7 +3,7 @@
 //! ```text
 //!  0  kind u16     2 reserved u16 (0)
 //!  4  handle u32   (the QP, CQ or listener the event is about; 0 for device events)
-//!  8  detail u64   (kind-specific: an error code, a peer's QP number)
+//!  8  detail u64   (kind-specific: an error code, a peer's QP number, a connection request id)
 //! 16  reserved [u8; 16] (0)
 //! ```
 
@@ -37,6 +37,12 @@ pub enum EventKind {
     ConnectRequest = 5,
     /// The peer closed the connection of a QP.
     QpDisconnected = 6,
+    /// A connect was refused: the peer rejected it (its private data is in the QP's CM info),
+    /// or nothing listens on the port.
+    ConnectRejected = 7,
+    /// A connect failed without an answer: timeout, TCP refused or reset during setup, or a
+    /// protocol error in the peer's reply.
+    ConnectUnreachable = 8,
 }
 
 impl EventKind {
@@ -48,6 +54,8 @@ impl EventKind {
             4 => Self::QpEstablished,
             5 => Self::ConnectRequest,
             6 => Self::QpDisconnected,
+            7 => Self::ConnectRejected,
+            8 => Self::ConnectUnreachable,
             _ => {
                 return Err(AbiError::Unknown {
                     what: "event kind",

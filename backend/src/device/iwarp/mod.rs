@@ -6,6 +6,10 @@
 //! The two halves meet at [`Established`]: connection setup ends with a TCP stream in MPA Full
 //! Operation and the parameters both ends agreed on; the data path runs a QP over it.
 
+pub(crate) mod cm;
+#[cfg(test)]
+mod cm_tests;
+
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
@@ -16,6 +20,8 @@ mod rx;
 mod tx;
 
 pub(crate) use qp::{has_work, process, RemoteQp};
+
+pub use cm::CrcPolicy;
 
 /// Which end of the connection this backend is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
