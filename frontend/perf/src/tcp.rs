@@ -172,9 +172,10 @@ mod tests {
         for (_, rows) in &r.pingpong {
             let sizes: Vec<usize> = rows.iter().map(|x| x.bytes).collect();
             assert_eq!(sizes, [64, 4096]);
+            // 200 round trips, or at least 100 when the time cap ends a busy-polled run first.
             assert!(rows
                 .iter()
-                .all(|x| x.iterations == 200 && x.t_typical > 0.0));
+                .all(|x| (100..=200).contains(&x.iterations) && x.t_typical > 0.0));
         }
         let t = r.text();
         assert!(t.contains("TCP 127.0.0.2 -> 127.0.0.3"), "{t}");
