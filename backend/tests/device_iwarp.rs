@@ -993,3 +993,91 @@ fn what_the_device_sends_parses_with_the_iwarp_proto_codec() {
         );
     }
 }
+
+/// A raw peer's FPDU: ULPDU_LENGTH, `ulpdu`, the given pad bytes, and the CRC32c over all of
+/// it (least significant byte first), or a zero field with `crc` off.
+fn raw_fpdu(ulpdu: &[u8], pad: &[u8], crc: bool) -> Vec<u8> {
+    assert_eq!((2 + ulpdu.len() + pad.len()) % 4, 0, "pad length");
+    let mut f = (ulpdu.len() as u16).to_be_bytes().to_vec();
+    f.extend_from_slice(ulpdu);
+    f.extend_from_slice(pad);
+    let c = if crc { crc32c::crc32c(&f) } else { 0 };
+    f.extend_from_slice(&c.to_le_bytes());
+    f
+}
+
+/// A raw peer's Read Request for `len` bytes of `rkey` at `to` (MSN `msn`, sink STag 9).
+fn raw_read_request(msn: u32, rkey: u32, to: u64, len: u32, last: bool) -> Vec<u8> {
+    let mut u = vec![if last { 0x41 } else { 0x01 }, 0x41, 0, 0, 0, 0, 0, 0, 0, 1];
+    u.extend_from_slice(&msn.to_be_bytes());
+    u.extend_from_slice(&[0, 0, 0, 0]);
+    u.extend_from_slice(&9u32.to_be_bytes());
+    u.extend_from_slice(&0u64.to_be_bytes());
+    u.extend_from_slice(&len.to_be_bytes());
+    u.extend_from_slice(&rkey.to_be_bytes());
+    u.extend_from_slice(&to.to_be_bytes());
+    u
+}
+
+/// A responder QP on `hb` whose peer is the returned raw socket.
+fn raw_peer(hb: &mut Host, crc: bool) -> (TestQp, TcpStream) {
+    let b = hb.qp();
+    let (raw, server) = tcp_pair();
+    hb.dev
+        .attach_stream(
+            hb.ch.id,
+            b.num,
+            est(server, Role::Responder, crc, Rtr::None),
+        )
+        .expect("attach");
+    hb.wait_state(&b, QpState::Rts);
+    (b, raw)
+}
+
+#[test]
+fn pad_bytes_count_in_the_crc_as_received() {
+    // RFC 5044 §4.1: the pad is sent as zeros and ignored by the receiver, "except for CRC
+    // checking". A peer whose pad is not zero (and whose CRC covers it) is not in error.
+    let mut hb = Host::new(2, ChannelMode::Bypass);
+    let mr = hb.mr(4096);
+    mr.fill(100, b"R");
+    let (b, mut raw) = raw_peer(&mut hb, true);
+    // A tagged last WRITE of 5 bytes: 2 + 14 + 5 = 21, so 3 pad bytes.
+    let mut w = vec![0xc1, 0x40];
+    w.extend_from_slice(&mr.keys.rkey.to_be_bytes());
+    w.extend_from_slice(&mr.iova.to_be_bytes());
+    w.extend_from_slice(b"hello");
+    raw.write_all(&raw_fpdu(&w, &[0xa5, 0, 0x5a], true))
+        .expect("WRITE");
+    // Then a Read Request: answered (a Read Response), not a Terminate for a CRC error.
+    let rr = raw_read_request(1, mr.keys.rkey, mr.iova + 100, 1, true);
+    raw.write_all(&raw_fpdu(&rr, &[], true))
+        .expect("Read Request");
+    let t = read_fpdu(&mut raw);
+    assert_eq!(t[1] & 0xf, 2, "a Read Response, not a Terminate: {t:02x?}");
+    assert_eq!(&t[14..], b"R");
+    assert_eq!(mr.read(0, 5), b"hello".to_vec());
+    assert_eq!(hb.state(&b), QpState::Rts);
+}
+
+#[test]
+fn a_read_request_that_is_not_one_segment_is_refused() {
+    // RFC 5040 §4.4: a Read Request is one DDP segment (L set, MO 0). One with L clear is a
+    // malformed message: Terminate with RDMAP's catastrophic-stream error (0/2/7), the
+    // segment quoted; nothing is read for it.
+    let mut hb = Host::new(2, ChannelMode::Bypass);
+    let mr = hb.mr(4096);
+    let (b, mut raw) = raw_peer(&mut hb, false);
+    let rr = raw_read_request(1, mr.keys.rkey, mr.iova, 64, false);
+    let f = raw_fpdu(&rr, &[], false);
+    raw.write_all(&f).expect("Read Request");
+    let t = read_fpdu(&mut raw);
+    assert_eq!(
+        t[..2],
+        [0x41, 0x47],
+        "a Terminate, not a Read Response: {t:02x?}"
+    );
+    assert_eq!(t[18..22], [0x02, 0x07, 0xc0, 0x00], "Terminate control");
+    assert_eq!(t[22..42], f[..20], "quoted MPA length and DDP header");
+    hb.wait_state(&b, QpState::Error);
+}

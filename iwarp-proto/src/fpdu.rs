@@ -101,6 +101,29 @@ impl FpduCrc {
     pub fn to_wire(&self) -> [u8; 4] {
         crc_to_wire(self.crc)
     }
+
+    /// For a receiver that placed the ULPDU where it belongs and fed it here piece by piece
+    /// (length field, header, payload): checks `trailer`, the pad and CRC field as received
+    /// after a ULPDU of `ulpdu_len` bytes. The pad counts as received, as
+    /// [`Fpdu::check_crc`] counts it.
+    pub fn check_trailer(&self, ulpdu_len: usize, trailer: &[u8]) -> Result<(), WireError> {
+        let pad = pad_len(ulpdu_len);
+        if trailer.len() != pad + CRC_LEN {
+            return Err(WireError::Malformed {
+                what: "FPDU trailer",
+                why: "not the pad and CRC field its ULPDU length calls for",
+            });
+        }
+        let mut raw = [0u8; CRC_LEN];
+        raw.copy_from_slice(&trailer[pad..]);
+        let mut c = *self;
+        c.update(&trailer[..pad]);
+        let (computed, received) = (c.value(), crc_from_wire(raw));
+        if computed != received {
+            return Err(WireError::BadCrc { computed, received });
+        }
+        Ok(())
+    }
 }
 
 /// The pad and CRC field that end an FPDU, for a sender that writes the header, then the

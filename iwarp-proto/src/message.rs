@@ -10,10 +10,17 @@
 
 use std::ops::Range;
 
-use crate::ddp::{BufferModel, DdpRepr, Segment};
+use crate::ddp::{BufferModel, DdpRepr, Segment, UNTAGGED_HEADER_LEN};
+use crate::fpdu::{self, Fpdu};
 use crate::rdmap::{self, Opcode, ReadRequest, ReadRequestRepr, READ_REQUEST_LEN};
-use crate::terminate::{Terminate, TerminateRepr};
+use crate::terminate::{self, Terminate, TerminateRepr};
 use crate::WireError;
+
+/// The most bytes [`MessageRepr::emit_fpdu_head`] writes: the FPDU length field, an untagged
+/// DDP header and the longest body (a Terminate quoting an untagged header and a Read
+/// Request) — the size of a sender's stack buffer for it.
+pub const MAX_FPDU_HEAD_LEN: usize =
+    fpdu::HEADER_LEN + UNTAGGED_HEADER_LEN + terminate::MAX_BODY_LEN;
 
 /// What follows the DDP header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,6 +111,49 @@ impl Iterator for Segments {
 }
 
 impl<'a> MessageRepr<'a> {
+    fn outgoing(opcode: Opcode, ddp: DdpRepr, body: Body<'a>) -> MessageRepr<'a> {
+        let mut m = MessageRepr {
+            ddp,
+            opcode,
+            body,
+            payload: 0..0,
+        };
+        let end = m.headers_len();
+        m.payload = end..end;
+        m
+    }
+
+    /// A segment of a tagged message (RDMA Write, Read Response) to send: its payload, the
+    /// caller's, goes to `stag` at `to`.
+    pub fn tagged(opcode: Opcode, last: bool, stag: u32, to: u64) -> MessageRepr<'static> {
+        MessageRepr::outgoing(opcode, tagged_header(opcode, last, stag, to), Body::Data)
+    }
+
+    /// A segment of an untagged data message (the Sends) to send, on its opcode's queue;
+    /// `invalidate_stag` as in [`untagged_header`].
+    pub fn untagged(
+        opcode: Opcode,
+        last: bool,
+        invalidate_stag: u32,
+        msn: u32,
+        mo: u32,
+    ) -> MessageRepr<'static> {
+        let ddp = untagged_header(opcode, last, invalidate_stag, msn, mo);
+        MessageRepr::outgoing(opcode, ddp, Body::Data)
+    }
+
+    /// An RDMA Read Request to send: one segment (L, MO 0) on queue 1, message `msn`.
+    pub fn read_request(msn: u32, request: ReadRequestRepr) -> MessageRepr<'static> {
+        let ddp = untagged_header(Opcode::ReadRequest, true, 0, msn, 0);
+        MessageRepr::outgoing(Opcode::ReadRequest, ddp, Body::ReadRequest(request))
+    }
+
+    /// A Terminate to send: one segment (L, MO 0) on queue 2, message `msn`.
+    pub fn terminate(msn: u32, t: TerminateRepr<'a>) -> MessageRepr<'a> {
+        let ddp = untagged_header(Opcode::Terminate, true, 0, msn, 0);
+        MessageRepr::outgoing(Opcode::Terminate, ddp, Body::Terminate(t))
+    }
+
     /// Reads a ULPDU (the payload of one FPDU).
     pub fn parse(ulpdu: &'a [u8]) -> Result<MessageRepr<'a>, WireError> {
         let seg = Segment::new_checked(ulpdu)?;
@@ -192,6 +242,31 @@ impl<'a> MessageRepr<'a> {
             Body::ReadRequest(r) => r.emit(&mut ReadRequest::new_unchecked(&mut buf[h..need]))?,
             Body::Terminate(t) => t.emit(&mut Terminate::new_unchecked(&mut buf[h..need]))?,
         }
+        Ok(need)
+    }
+
+    /// Writes the front of the FPDU that carries this message with `payload_len` bytes of
+    /// payload after it: `ULPDU_LENGTH`, then what [`MessageRepr::emit_headers`] writes, into
+    /// `buf` (at most [`MAX_FPDU_HEAD_LEN`] bytes; no allocation). Returns the bytes written.
+    /// The payload, pad and CRC are the sender's: it writes the payload from where it lives
+    /// and ends the FPDU with a [`Trailer`](crate::fpdu::Trailer).
+    pub fn emit_fpdu_head(&self, payload_len: usize, buf: &mut [u8]) -> Result<usize, WireError> {
+        let ulpdu_len = self.headers_len().saturating_add(payload_len);
+        let len = u16::try_from(ulpdu_len).map_err(|_| WireError::TooLong {
+            what: "FPDU ULPDU",
+            len: ulpdu_len,
+            max: fpdu::MAX_ULPDU_LEN,
+        })?;
+        let need = fpdu::HEADER_LEN + self.headers_len();
+        if buf.len() < need {
+            return Err(WireError::Truncated {
+                what: "FPDU head buffer",
+                need,
+                have: buf.len(),
+            });
+        }
+        Fpdu::new_unchecked(&mut buf[..fpdu::HEADER_LEN]).set_ulpdu_len(len);
+        self.emit_headers(&mut buf[fpdu::HEADER_LEN..need])?;
         Ok(need)
     }
 }

@@ -30,6 +30,10 @@ use crate::WireError;
 pub const CONTROL_LEN: usize = 4;
 /// Bytes of the DDP Segment Length field.
 pub const SEGMENT_LENGTH_LEN: usize = 2;
+/// The longest Terminate body: control, segment length, an untagged DDP header and a Read
+/// Request header.
+pub const MAX_BODY_LEN: usize =
+    CONTROL_LEN + SEGMENT_LENGTH_LEN + UNTAGGED_HEADER_LEN + READ_REQUEST_LEN;
 
 /// The layer that detected the error.
 pub mod layer {

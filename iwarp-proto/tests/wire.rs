@@ -653,3 +653,192 @@ fn terminate_payload_range_ignores_trailing_bytes() {
     assert_eq!(long, short);
     assert_eq!(long.payload, 22..22);
 }
+
+// ---- a zero-copy sender's pieces: head in a stack buffer, payload from elsewhere, trailer ----
+
+/// What a zero-copy sender puts on the wire for `m` with `payload`: the head from
+/// `emit_fpdu_head` into a fixed buffer, the payload, then the trailer over the CRC fed
+/// piecewise.
+fn sent_pieces(m: &MessageRepr<'_>, payload: &[u8], crc_on: bool) -> Vec<u8> {
+    let mut head = [0u8; message::MAX_FPDU_HEAD_LEN];
+    let n = m.emit_fpdu_head(payload.len(), &mut head).unwrap();
+    let mut crc = FpduCrc::new();
+    crc.update(&head[..n]);
+    crc.update(payload);
+    let ulpdu_len = n - fpdu::HEADER_LEN + payload.len();
+    let trailer = fpdu::Trailer::new(ulpdu_len, &crc, crc_on);
+    [&head[..n], payload, trailer.as_bytes()].concat()
+}
+
+#[test]
+fn fpdu_head_payload_and_trailer_are_the_whole_fpdu() {
+    let rr = ReadRequestRepr {
+        sink_stag: 7,
+        sink_to: 0x1000,
+        size: 4096,
+        source_stag: 9,
+        source_to: 0x2000,
+    };
+    // The longest Terminate: an untagged header quoted with its Read Request.
+    let mut block = hex("002e 41 41 00000000 00000001 00000003 00000000");
+    block.extend_from_slice(&rr.to_bytes());
+    let term = TerminateRepr::with_header(TermCode::RDMAP_ACCESS_RIGHTS, true, &block);
+    let data: Vec<u8> = (0..37u8).collect();
+    let cases: [(MessageRepr<'_>, &[u8]); 6] = [
+        (
+            MessageRepr::tagged(Opcode::Write, false, 0x11, 0x2233),
+            &data,
+        ),
+        (
+            MessageRepr::tagged(Opcode::ReadResponse, true, 5, 6),
+            &data[..1],
+        ),
+        (
+            MessageRepr::untagged(Opcode::SendSe, true, 0, 3, 4096),
+            &data,
+        ),
+        (MessageRepr::tagged(Opcode::Write, true, 0, 0), &[]),
+        (MessageRepr::read_request(2, rr), &[]),
+        (MessageRepr::terminate(1, term), &[]),
+    ];
+    for (m, payload) in &cases {
+        for crc_on in [true, false] {
+            let wire = sent_pieces(m, payload, crc_on);
+            let mut ulpdu = vec![0u8; m.headers_len()];
+            m.emit_headers(&mut ulpdu).unwrap();
+            ulpdu.extend_from_slice(payload);
+            assert_eq!(
+                wire,
+                FpduRepr { ulpdu: &ulpdu }.to_vec(crc_on).unwrap(),
+                "{m:?} crc {crc_on}"
+            );
+            let f = Fpdu::new_checked(&wire[..]).unwrap();
+            let back = MessageRepr::parse(FpduRepr::parse(&f, crc_on).unwrap().ulpdu).unwrap();
+            assert_eq!(back.ddp, m.ddp);
+            assert_eq!(back.opcode, m.opcode);
+            assert_eq!(back.body, m.body);
+            assert_eq!(&ulpdu[back.payload.clone()], *payload);
+        }
+    }
+    // The constructors put untagged messages on their queues; Read Request and Terminate are
+    // single segments.
+    assert_eq!(
+        cases[2].0.ddp.to_vec(),
+        hex("41 45 00000000 00000000 00000003 00001000")
+    );
+    assert_eq!(
+        cases[4].0.ddp.to_vec(),
+        hex("41 41 00000000 00000001 00000002 00000000")
+    );
+    assert_eq!(
+        cases[5].0.ddp.to_vec(),
+        hex("41 47 00000000 00000002 00000001 00000000")
+    );
+    // The longest head fits the constant exactly.
+    assert_eq!(
+        fpdu::HEADER_LEN + cases[5].0.headers_len(),
+        message::MAX_FPDU_HEAD_LEN
+    );
+}
+
+#[test]
+fn fpdu_head_refuses_what_does_not_fit() {
+    let m = MessageRepr::untagged(Opcode::Send, true, 0, 1, 0);
+    let mut head = [0u8; message::MAX_FPDU_HEAD_LEN];
+    // 18 + 65517 = 65535: the largest ULPDU the length field holds.
+    assert_eq!(m.emit_fpdu_head(65517, &mut head), Ok(20));
+    assert_eq!(&head[..2], &[0xff, 0xff]);
+    assert!(matches!(
+        m.emit_fpdu_head(65518, &mut head),
+        Err(WireError::TooLong { len: 65536, .. })
+    ));
+    assert!(m.emit_fpdu_head(usize::MAX, &mut head).is_err());
+    assert!(matches!(
+        m.emit_fpdu_head(0, &mut head[..19]),
+        Err(WireError::Truncated { need: 20, .. })
+    ));
+    // A Terminate whose copied block does not match its bits is refused, not sent.
+    let block = hex("0011 c1 40 11223344");
+    let t = TerminateRepr::with_header(TermCode::DDP_INVALID_STAG, false, &block);
+    assert!(MessageRepr::terminate(1, t)
+        .emit_fpdu_head(0, &mut head)
+        .is_err());
+}
+
+#[test]
+fn a_receiver_checks_the_crc_it_fed_piecewise_against_the_trailer() {
+    let payload: Vec<u8> = (0..23u8).collect();
+    let m = MessageRepr::tagged(Opcode::Write, true, 1, 2);
+    let wire = sent_pieces(&m, &payload, true);
+    let head = fpdu::HEADER_LEN + ddp::TAGGED_HEADER_LEN;
+    let ulpdu_len = ddp::TAGGED_HEADER_LEN + payload.len();
+    let trailer_at = head + payload.len();
+    let mut crc = FpduCrc::new();
+    crc.update(&wire[..head]);
+    crc.update(&wire[head..head + 5]);
+    crc.update(&wire[head + 5..trailer_at]);
+    assert_eq!(crc.check_trailer(ulpdu_len, &wire[trailer_at..]), Ok(()));
+    // A flipped CRC byte is an MPA CRC error.
+    let mut bad = wire.clone();
+    *bad.last_mut().unwrap() ^= 1;
+    let e = crc
+        .check_trailer(ulpdu_len, &bad[trailer_at..])
+        .unwrap_err();
+    assert!(matches!(e, WireError::BadCrc { .. }));
+    assert_eq!(TermCode::for_error(&e), TermCode::MPA_CRC_ERROR);
+    // The pad counts as received, as the whole-FPDU view counts it.
+    let mut padded = wire.clone();
+    padded[trailer_at] = 0x5a;
+    let whole = Fpdu::new_checked(&padded[..]).unwrap();
+    assert!(whole.check_crc().is_err());
+    assert!(crc.check_trailer(ulpdu_len, &padded[trailer_at..]).is_err());
+    let fixed = fpdu::crc_to_wire(whole.compute_crc());
+    let n = padded.len();
+    padded[n - fpdu::CRC_LEN..].copy_from_slice(&fixed);
+    assert_eq!(Fpdu::new_checked(&padded[..]).unwrap().check_crc(), Ok(()));
+    assert_eq!(crc.check_trailer(ulpdu_len, &padded[trailer_at..]), Ok(()));
+    // A trailer of the wrong length is refused, whatever it holds (here: pad 1, CRC 4).
+    assert_eq!(n - trailer_at, 5);
+    let longer = [&wire[trailer_at..], &[0][..]].concat();
+    for t in [
+        &wire[trailer_at..n - 1],
+        &wire[trailer_at + 1..],
+        &longer[..],
+        &[][..],
+    ] {
+        assert!(matches!(
+            crc.check_trailer(ulpdu_len, t),
+            Err(WireError::Malformed { .. })
+        ));
+    }
+}
+
+proptest! {
+    #[test]
+    fn what_a_zero_copy_sender_emits_parses_back(
+        op in opcode(),
+        (last, stag, to, msn, mo) in any::<(bool, u32, u64, u32, u32)>(),
+        payload in prop::collection::vec(any::<u8>(), 0..200),
+        crc in any::<bool>(),
+    ) {
+        let m = match op {
+            Opcode::Write | Opcode::ReadResponse => MessageRepr::tagged(op, last, stag, to),
+            Opcode::ReadRequest => MessageRepr::read_request(msn, ReadRequestRepr {
+                sink_stag: stag, sink_to: to, size: mo, source_stag: msn, source_to: !to,
+            }),
+            Opcode::Terminate => MessageRepr::terminate(msn, TerminateRepr::bare(TermCode::DDP_MSN_RANGE)),
+            _ => MessageRepr::untagged(op, last, if op.invalidates() { stag } else { 0 }, msn, mo),
+        };
+        let payload = if matches!(m.body, Body::Data) { &payload[..] } else { &[][..] };
+        let wire = sent_pieces(&m, payload, crc);
+        let mut dec = FpduDecoder::new(fpdu::MAX_ULPDU_LEN, crc);
+        dec.push(&wire);
+        let u = dec.next_ulpdu().unwrap().unwrap().to_vec();
+        prop_assert_eq!(dec.buffered(), 0);
+        let back = MessageRepr::parse(&u).unwrap();
+        prop_assert_eq!(back.ddp, m.ddp);
+        prop_assert_eq!(back.opcode, op);
+        prop_assert_eq!(back.body, m.body);
+        prop_assert_eq!(&u[back.payload.clone()], payload);
+    }
+}

@@ -14,7 +14,6 @@ use std::collections::HashMap;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 
-mod hdr;
 pub(crate) mod qp;
 mod rx;
 mod tx;

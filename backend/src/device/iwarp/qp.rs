@@ -11,15 +11,19 @@ use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use iwarp_proto::fpdu;
+use iwarp_proto::message::MessageRepr;
+use iwarp_proto::rdmap::{Opcode, ReadRequestRepr};
+use iwarp_proto::terminate::{layer, TermCode, TerminateRepr};
+use iwarp_proto::WireError;
 use mio::{Interest, Registry, Token};
 use shared_ring::abi::control::QpState;
 use shared_ring::abi::cqe::{CqeOpcode, CqeStatus};
 use shared_ring::abi::event::EventKind;
 use shared_ring::abi::wqe::WQE_LEN;
 
-use super::hdr::{self, Ddp, Hdr, ReadReq, Term};
 use super::rx::Rx;
-use super::tx::Tx;
+use super::tx::{Payload, Tx};
 use super::{Established, Role, Rtr};
 use crate::device::exec::{self, Ctx};
 use crate::device::mr::Seg;
@@ -73,8 +77,9 @@ fn inflight_cap(qp: &Qp) -> usize {
 pub(crate) struct Conn {
     pub(crate) sock: mio::net::TcpStream,
     pub(crate) crc: bool,
-    /// Largest FPDU (the path MSS), a multiple of 4.
-    pub(crate) max_fpdu: usize,
+    /// Largest ULPDU, so that an FPDU fills at most one segment of the path MSS
+    /// (`fpdu::mulpdu`).
+    pub(crate) mulpdu: usize,
     pub(crate) ird: usize,
     pub(crate) ord: usize,
     /// Responder: nothing is sent before the initiator's first FPDU (its RTR) arrived.
@@ -183,7 +188,7 @@ pub(crate) fn attach(
     let mut c = Conn {
         sock,
         crc: est.crc,
-        max_fpdu: mss.clamp(256, 65532) & !3,
+        mulpdu: fpdu::mulpdu(mss.clamp(256, 65532)),
         ird: usize::from(est.ird.max(1)),
         ord: usize::from(est.ord.max(1)),
         wait_rtr,
@@ -205,25 +210,21 @@ pub(crate) fn attach(
         match est.rtr {
             Rtr::None => {}
             Rtr::Write => {
-                let h = Hdr {
-                    last: true,
-                    opcode: hdr::op::WRITE,
-                    ddp: Ddp::Tagged { stag: 0, to: 0 },
-                };
-                c.tx.fpdu(c.crc, &h, super::tx::Body::None);
+                let m = MessageRepr::tagged(Opcode::Write, true, 0, 0);
+                c.tx.fpdu(c.crc, &m, Payload::None)
+                    .map_err(std::io::Error::other)?;
             }
             Rtr::Read => {
-                let mut body = Vec::with_capacity(hdr::READ_REQ_LEN);
-                ReadReq {
+                let empty = ReadRequestRepr {
                     sink_stag: 0,
                     sink_to: 0,
-                    len: 0,
-                    src_stag: 0,
-                    src_to: 0,
-                }
-                .emit(&mut body);
-                let h = read_req_hdr(&mut c);
-                c.tx.fpdu(c.crc, &h, super::tx::Body::Priv(&body));
+                    size: 0,
+                    source_stag: 0,
+                    source_to: 0,
+                };
+                let m = read_request(&mut c, empty);
+                c.tx.fpdu(c.crc, &m, Payload::None)
+                    .map_err(std::io::Error::other)?;
                 c.orq.push_back(OutRead {
                     seq: None,
                     segs: [None, None],
@@ -245,18 +246,20 @@ pub(crate) fn attach(
     Ok((r, !wait_rtr))
 }
 
-/// The header of the next Read Request (consumes an MSN of the read queue).
-pub(crate) fn read_req_hdr(c: &mut Conn) -> Hdr {
+/// The next Read Request (consumes an MSN of the read queue).
+pub(crate) fn read_request(c: &mut Conn, request: ReadRequestRepr) -> MessageRepr<'static> {
     let msn = c.msn[1];
     c.msn[1] = msn.wrapping_add(1);
-    Hdr {
-        last: true,
-        opcode: hdr::op::READ_REQ,
-        ddp: Ddp::Untagged {
-            qn: hdr::QN_READ,
-            msn,
-            mo: 0,
-        },
+    MessageRepr::read_request(msn, request)
+}
+
+/// The completion status a requester gives its failed work request when the peer
+/// terminated the stream with `code` (the statuses of the intra-host path).
+fn status_of(code: TermCode) -> CqeStatus {
+    match (code.layer, code.etype) {
+        (layer::RDMAP, 1) | (layer::DDP, 1) => CqeStatus::RemoteAccessError,
+        (layer::DDP, 2) => CqeStatus::RemoteInvalidRequest,
+        _ => CqeStatus::RemoteOperationError,
     }
 }
 
@@ -325,37 +328,44 @@ impl Conn {
     }
 
     /// A protocol error found here: Terminate (after the bytes already queued), QP to Error.
-    /// `ddp` is the offending segment's MPA length and DDP header, `rdmap` a Read Request
-    /// body.
-    pub(crate) fn terminate(&mut self, qp: &Qp, t: Term, ddp: Option<&[u8]>, rdmap: Option<&[u8]>) {
-        tracing::debug!(qp = qp.num.0, ?t, "sending Terminate");
+    /// `quote` is the offending segment as siw copies it (its MPA length field and DDP
+    /// header, then — with `rdmap` — its Read Request header).
+    pub(crate) fn terminate(&mut self, qp: &Qp, code: TermCode, quote: Option<&[u8]>, rdmap: bool) {
+        tracing::debug!(qp = qp.num.0, ?code, "sending Terminate");
         if !self.closing && !self.dead {
-            let mut body =
-                Vec::with_capacity(4 + hdr::MPA_LEN + hdr::UNTAGGED_LEN + hdr::READ_REQ_LEN);
-            t.emit_body(ddp, rdmap, &mut body);
             let msn = self.msn[2];
             self.msn[2] = msn.wrapping_add(1);
-            let h = Hdr {
-                last: true,
-                opcode: hdr::op::TERMINATE,
-                ddp: Ddp::Untagged {
-                    qn: hdr::QN_TERM,
-                    msn,
-                    mo: 0,
-                },
-            };
             self.tx.cur = None;
-            self.tx.fpdu(self.crc, &h, super::tx::Body::Priv(&body));
+            let t = match quote {
+                Some(block) => TerminateRepr::with_header(code, rdmap, block),
+                None => TerminateRepr::bare(code),
+            };
+            let sent = self
+                .tx
+                .fpdu(self.crc, &MessageRepr::terminate(msn, t), Payload::None);
+            if let Err(e) = sent {
+                // A quote the codec refuses (it never should): the code alone still goes.
+                tracing::warn!(qp = qp.num.0, "Terminate quote refused: {e}");
+                let bare = MessageRepr::terminate(msn, TerminateRepr::bare(code));
+                let _ = self.tx.fpdu(self.crc, &bare, Payload::None);
+            }
         }
         self.closing = true;
         qp.fail(Some(EventKind::QpFatal));
     }
 
+    /// The codec refused to frame a message of ours (it never should): the stream cannot go
+    /// on, so the peer gets a local catastrophic error and the QP fails.
+    pub(crate) fn local_failure(&mut self, qp: &Qp, e: &WireError) {
+        tracing::error!(qp = qp.num.0, "cannot frame an outgoing FPDU: {e}");
+        self.terminate(qp, TermCode::RDMAP_LOCAL_CATASTROPHIC, None, false);
+    }
+
     /// The peer sent a Terminate: the oldest running WQE fails with the matching status,
     /// the QP goes to Error.
-    pub(crate) fn terminated(&mut self, qp: &Qp, t: Term) {
-        tracing::debug!(qp = qp.num.0, ?t, "Terminate received");
-        let st = t.status();
+    pub(crate) fn terminated(&mut self, qp: &Qp, code: TermCode) {
+        tracing::debug!(qp = qp.num.0, ?code, "Terminate received");
+        let st = status_of(code);
         if let Some(f) = self.inflight.iter_mut().find(|f| f.status.is_none()) {
             f.status = Some(st);
         }

@@ -3,6 +3,11 @@
 //! is read; the payload is then read straight into the target range of guest memory, in the
 //! same `readv` as the FPDU's pad and CRC and the next FPDU's first header bytes. The CRC is
 //! checked over the placed bytes before anything is completed.
+//!
+//! Framing, headers, Read Request and Terminate bodies and the CRC are read with the
+//! `iwarp-proto` codec (`frame_len`, `MessageRepr::parse`, `FpduRepr`, `FpduCrc`), and its
+//! errors become Terminate codes through `TermCode::for_error`; what needs the QP (MSN,
+//! STag, bounds, access, a RECV) is checked here.
 
 use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
@@ -14,29 +19,65 @@ use shared_ring::abi::event::EventKind;
 use shared_ring::abi::wqe::{WqeOpcode, WqeRepr, WQE_LEN};
 use shared_ring::mem::RecvList;
 
-use super::hdr::{self, op, Ddp, Hdr, ReadReq, Term, CRC_LEN, MPA_LEN};
+use iwarp_proto::ddp::{BufferModel, DdpRepr, Segment, TAGGED_HEADER_LEN, UNTAGGED_HEADER_LEN};
+use iwarp_proto::fpdu::{self, Fpdu, FpduCrc, FpduRepr, Framing, CRC_LEN, HEADER_LEN as MPA_LEN};
+use iwarp_proto::message::{Body, MessageRepr};
+use iwarp_proto::rdmap::{self, Opcode, ReadRequestRepr, READ_REQUEST_LEN};
+use iwarp_proto::terminate::TermCode;
+use iwarp_proto::WireError;
+
 use super::qp::{Conn, CurRecv, InRead, RemoteQp};
 use super::tx::{crc_segs, for_ranges};
 use crate::device::exec::{self, Ctx};
 use crate::device::mr::RemoteFault;
 use crate::device::objects::{lock, Qp, SegList};
 
-/// Bytes read before the header's kind is known: the shortest header (tagged).
-const PREFIX: usize = MPA_LEN + hdr::TAGGED_LEN;
+/// Bytes read before the header's kind is known: the shortest FPDU head (tagged).
+const PREFIX: usize = MPA_LEN + TAGGED_HEADER_LEN;
+/// Largest ULPDU read whole into the private buffer: a Read Request (46 bytes) or a
+/// Terminate (at most 70); a longer one is refused before it is read.
+const MAX_PRIVATE_ULPDU: usize = 96;
+/// The MPA length field and DDP header of a segment, as a Terminate quotes them.
+const QUOTE_MAX: usize = MPA_LEN + UNTAGGED_HEADER_LEN;
 
 /// An FPDU whose header was accepted and whose payload is being placed.
-struct Fpdu {
-    h: Hdr,
+struct Placing {
+    opcode: Opcode,
+    last: bool,
+    /// Untagged: the message offset of the payload.
+    mo: u32,
+    ulpdu: usize,
     plen: usize,
     got: usize,
     pad: usize,
-    /// CRC32c of the length field and header (when CRCs are on).
-    crc: u32,
+    /// CRC of the length field and header so far (when CRCs are on).
+    crc: FpduCrc,
     /// Where the payload goes: segments and the message offset of the first byte.
     dst: Option<(SegList, usize)>,
     /// The MPA length and DDP header as received (a Terminate quotes them).
-    ddp: [u8; MPA_LEN + hdr::UNTAGGED_LEN],
-    dlen: usize,
+    quote: [u8; QUOTE_MAX],
+    qlen: usize,
+}
+
+/// What the front of an FPDU announces, from its first four bytes.
+struct Head {
+    ulpdu: usize,
+    ddp_len: usize,
+    /// A Read Request or Terminate: its body is the message, read whole into `buf`.
+    whole: Option<Opcode>,
+}
+
+/// An FPDU's message as the codec read it, owned (the buffer is read into again).
+struct Msg {
+    opcode: Opcode,
+    ddp: DdpRepr,
+    body: MsgBody,
+}
+
+enum MsgBody {
+    Data,
+    ReadRequest(ReadRequestRepr),
+    Terminate(TermCode),
 }
 
 /// The receive state of a connection.
@@ -44,7 +85,7 @@ pub(crate) struct Rx {
     /// Header bytes (the whole FPDU for a Read Request or Terminate).
     buf: [u8; 128],
     have: usize,
-    cur: Option<Fpdu>,
+    cur: Option<Placing>,
     trailer: [u8; 8],
     tail: usize,
     /// A SEND waits for a RECV to be posted (the stream is not read meanwhile: TCP's flow
@@ -66,29 +107,69 @@ impl Default for Rx {
 }
 
 impl Rx {
-    fn ulpdu(&self) -> usize {
-        usize::from(u16::from_be_bytes([self.buf[0], self.buf[1]]))
+    /// What the FPDU in `buf` announces (`buf` holds at least its first four bytes).
+    fn head(&self) -> Head {
+        let ulpdu = usize::from(u16::from_be_bytes([self.buf[0], self.buf[1]]));
+        let seg = Segment::new_unchecked(&self.buf[MPA_LEN..]);
+        let whole = if seg.tagged() {
+            None
+        } else {
+            rdmap::parse_ctrl(seg.ulp_ctrl())
+                .ok()
+                .filter(|o| matches!(o, Opcode::ReadRequest | Opcode::Terminate))
+        };
+        Head {
+            ulpdu,
+            ddp_len: seg.header_len(),
+            whole,
+        }
     }
 
     /// Bytes of the FPDU needed in `buf` before it can be looked at.
-    fn need(&self) -> Result<usize, Term> {
+    fn need(&self) -> Result<usize, WireError> {
         if self.have < MPA_LEN + 2 {
             return Ok(PREFIX);
         }
-        let ulpdu = self.ulpdu();
-        let dl = Hdr::len_of(self.buf[MPA_LEN]);
-        if ulpdu < dl {
-            return Err(Term::MALFORMED);
+        let h = self.head();
+        if h.ulpdu < h.ddp_len {
+            return Err(WireError::Truncated {
+                what: "DDP segment",
+                need: h.ddp_len,
+                have: h.ulpdu,
+            });
         }
-        let tagged = self.buf[MPA_LEN] & 0x80 != 0;
-        let opcode = self.buf[MPA_LEN + 1] & 0xf;
-        if !tagged && (opcode == op::READ_REQ || opcode == op::TERMINATE) {
-            if ulpdu > hdr::MAX_PRIVATE_ULPDU {
-                return Err(Term::MALFORMED);
-            }
-            return Ok(MPA_LEN + ulpdu + hdr::pad(ulpdu) + CRC_LEN);
+        if h.whole.is_some() {
+            return Ok(
+                match fpdu::frame_len(&self.buf[..self.have], MAX_PRIVATE_ULPDU)? {
+                    Framing::Need(n) => self.have + n,
+                    Framing::Complete(n) => n,
+                },
+            );
         }
-        Ok(MPA_LEN + dl)
+        Ok(MPA_LEN + h.ddp_len)
+    }
+
+    /// Reads the message of the FPDU in `buf`: a whole Read Request or Terminate (its CRC
+    /// checked first, when on), or the header of a data segment whose payload is still in
+    /// the socket.
+    fn message(&self, h: &Head, crc: bool) -> Result<Msg, WireError> {
+        let ulpdu = if h.whole.is_some() {
+            let f = Fpdu::new_checked(&self.buf[..self.have])?;
+            FpduRepr::parse(&f, crc)?.ulpdu
+        } else {
+            &self.buf[MPA_LEN..MPA_LEN + h.ddp_len]
+        };
+        let m = MessageRepr::parse(ulpdu)?;
+        let body = match m.body {
+            Body::Data => MsgBody::Data,
+            Body::ReadRequest(r) => MsgBody::ReadRequest(r),
+            Body::Terminate(t) => MsgBody::Terminate(t.code),
+        };
+        Ok(Msg {
+            opcode: m.opcode,
+            ddp: m.ddp,
+            body,
+        })
     }
 }
 
@@ -117,8 +198,8 @@ pub(crate) fn run(
         if c.rx.cur.is_none() {
             let need = match c.rx.need() {
                 Ok(n) => n,
-                Err(t) => {
-                    c.terminate(qp, t, None, None);
+                Err(e) => {
+                    c.terminate(qp, TermCode::for_error(&e), None, false);
                     return true;
                 }
             };
@@ -216,19 +297,36 @@ pub(crate) fn run(
 
 /// A whole header (or private FPDU) is in `buf`: check it and decide where its payload goes.
 fn start(ctx: &Ctx<'_>, qp: &Qp, c: &mut Conn) -> Step {
-    let h = match Hdr::parse(&c.rx.buf[MPA_LEN..]) {
-        Ok(h) => h,
-        Err(t) => {
-            c.terminate(qp, t, None, None);
+    let h = c.rx.head();
+    let (ulpdu, dlen) = (h.ulpdu, h.ddp_len);
+    let plen = ulpdu - dlen;
+    let mut quote = [0u8; QUOTE_MAX];
+    let qlen = MPA_LEN + dlen;
+    quote[..qlen].copy_from_slice(&c.rx.buf[..qlen]);
+    let msg = match c.rx.message(&h, c.crc) {
+        Ok(m) => m,
+        Err(e) => {
+            let versions = matches!(
+                e,
+                WireError::DdpVersion { .. } | WireError::RdmapVersion { .. }
+            );
+            if h.whole == Some(Opcode::Terminate)
+                && !versions
+                && !matches!(e, WireError::BadCrc { .. })
+            {
+                // A Terminate that does not read right still ends the stream; a Terminate is
+                // never answered with another.
+                c.rx.have = 0;
+                c.terminated(qp, TermCode::RDMAP_OPERATION_UNSPECIFIED);
+                return Step::Stop;
+            }
+            // A header that is not one of this version is not quoted back.
+            let quote = (!versions).then_some(&quote[..qlen]);
+            c.terminate(qp, TermCode::for_error(&e), quote, false);
             return Step::Stop;
         }
     };
-    let ulpdu = c.rx.ulpdu();
-    let dlen = h.len();
-    let plen = ulpdu - dlen;
-    let mut ddp = [0u8; MPA_LEN + hdr::UNTAGGED_LEN];
-    ddp[..MPA_LEN + dlen].copy_from_slice(&c.rx.buf[..MPA_LEN + dlen]);
-    let quote = &ddp[..MPA_LEN + dlen];
+    let quoted = &quote[..qlen];
     if c.wait_rtr {
         // The initiator's first FPDU is its RTR: from now on this end may send.
         c.wait_rtr = false;
@@ -237,8 +335,9 @@ fn start(ctx: &Ctx<'_>, qp: &Qp, c: &mut Conn) -> Step {
             qp.ch.event(EventKind::QpEstablished, qp.num.0, 0);
         }
     }
-    let dst = match (h.ddp, h.opcode) {
-        (Ddp::Tagged { stag, to }, op::WRITE) => {
+    let mut mo = 0;
+    let dst = match (msg.opcode, msg.ddp.model, msg.body) {
+        (Opcode::Write, BufferModel::Tagged { stag, to }, _) => {
             if plen == 0 {
                 None
             } else {
@@ -253,49 +352,49 @@ fn start(ctx: &Ctx<'_>, qp: &Qp, c: &mut Conn) -> Step {
                     Ok(seg) => Some(([Some(seg), None], 0)),
                     Err(f) => {
                         let t = match f {
-                            RemoteFault::Key => Term::DDP_T_INVALID_STAG,
-                            RemoteFault::Bounds => Term::DDP_T_BOUNDS,
-                            RemoteFault::Access => Term::RDMAP_ACCESS,
+                            RemoteFault::Key => TermCode::DDP_INVALID_STAG,
+                            RemoteFault::Bounds => TermCode::DDP_BASE_BOUNDS,
+                            RemoteFault::Access => TermCode::RDMAP_ACCESS_RIGHTS,
                         };
-                        c.terminate(qp, t, Some(quote), None);
+                        c.terminate(qp, t, Some(quoted), false);
                         return Step::Stop;
                     }
                 }
             }
         }
-        (Ddp::Tagged { stag, to }, op::READ_RESP) => {
+        (Opcode::ReadResponse, BufferModel::Tagged { stag, to }, _) => {
             let t = match c.orq.front() {
-                None => Err(Term::RDMAP_OPCODE),
-                Some(o) if o.stag != stag => Err(Term::DDP_T_INVALID_STAG),
+                None => Err(TermCode::RDMAP_UNEXPECTED_OPCODE),
+                Some(o) if o.stag != stag => Err(TermCode::DDP_INVALID_STAG),
                 Some(o) => match to
                     .checked_sub(o.base_to)
                     .filter(|off| off.checked_add(plen as u64).is_some_and(|e| e <= o.len))
                 {
-                    None => Err(Term::DDP_T_BOUNDS),
+                    None => Err(TermCode::DDP_BASE_BOUNDS),
                     Some(off) => Ok((plen > 0).then(|| (o.segs.clone(), off as usize))),
                 },
             };
             match t {
                 Ok(d) => d,
                 Err(t) => {
-                    c.terminate(qp, t, Some(quote), None);
+                    c.terminate(qp, t, Some(quoted), false);
                     return Step::Stop;
                 }
             }
         }
-        (Ddp::Untagged { qn, msn, mo }, op::SEND | op::SEND_SE) => {
-            let mo = mo as usize;
-            let t = if qn != hdr::QN_SEND {
-                Some(Term::DDP_UT_QN)
-            } else if msn != c.expect[0] {
-                Some(Term::DDP_UT_MSN_RANGE)
+        // The codec checked the queue number.
+        (Opcode::Send | Opcode::SendSe, BufferModel::Untagged { msn, mo: m, .. }, _) => {
+            mo = m;
+            let mo = m as usize;
+            let t = if msn != c.expect[0] {
+                Some(TermCode::DDP_MSN_RANGE)
             } else if c.recv.is_none() && mo != 0 {
-                Some(Term::DDP_UT_MO)
+                Some(TermCode::DDP_INVALID_MO)
             } else {
                 None
             };
             if let Some(t) = t {
-                c.terminate(qp, t, Some(quote), None);
+                c.terminate(qp, t, Some(quoted), false);
                 return Step::Stop;
             }
             if c.recv.is_none() {
@@ -303,7 +402,7 @@ fn start(ctx: &Ctx<'_>, qp: &Qp, c: &mut Conn) -> Step {
                     Ok(true) => {}
                     Ok(false) => return Step::Blocked,
                     Err(t) => {
-                        c.terminate(qp, t, Some(quote), None);
+                        c.terminate(qp, t, Some(quoted), false);
                         return Step::Stop;
                     }
                 }
@@ -315,47 +414,42 @@ fn start(ctx: &Ctx<'_>, qp: &Qp, c: &mut Conn) -> Step {
                 let raw = rc.raw;
                 c.recv = None;
                 recv_done(qp, &raw, CqeStatus::LocalLengthError, 0, false);
-                c.terminate(qp, Term::DDP_UT_TOO_LONG, Some(quote), None);
+                c.terminate(qp, TermCode::DDP_MESSAGE_TOO_LONG, Some(quoted), false);
                 return Step::Stop;
             }
             (plen > 0).then(|| (rc.segs.clone(), mo))
         }
-        (Ddp::Untagged { qn, msn, .. }, op::READ_REQ) => {
-            return read_request(ctx, qp, c, qn, msn, dlen, ulpdu, &ddp);
-        }
-        (Ddp::Untagged { qn, .. }, op::TERMINATE) => {
-            if !private_crc_ok(c, ulpdu) {
-                c.terminate(qp, Term::MPA_CRC, Some(quote), None);
-                return Step::Stop;
-            }
+        (Opcode::ReadRequest, BufferModel::Untagged { msn, .. }, MsgBody::ReadRequest(req)) => {
             c.rx.have = 0;
-            let t = if qn == hdr::QN_TERM {
-                Term::parse_body(&c.rx.buf[MPA_LEN + dlen..MPA_LEN + ulpdu])
-            } else {
-                None
-            };
-            c.terminated(qp, t.unwrap_or(Term::RDMAP_UNSPECIFIED));
+            return read_request(ctx, qp, c, msn, req, quoted);
+        }
+        (Opcode::Terminate, _, MsgBody::Terminate(code)) => {
+            c.rx.have = 0;
+            c.terminated(qp, code);
             return Step::Stop;
         }
+        // Send with Invalidate: vrdma gives a peer no STag to invalidate.
         _ => {
-            c.terminate(qp, Term::RDMAP_OPCODE, Some(quote), None);
+            c.terminate(qp, TermCode::RDMAP_UNEXPECTED_OPCODE, Some(quoted), false);
             return Step::Stop;
         }
     };
-    let crc = if c.crc {
-        crc32c::crc32c(&c.rx.buf[..MPA_LEN + dlen])
-    } else {
-        0
-    };
-    c.rx.cur = Some(Fpdu {
-        h,
+    let mut crc = FpduCrc::new();
+    if c.crc {
+        crc.update(quoted);
+    }
+    c.rx.cur = Some(Placing {
+        opcode: msg.opcode,
+        last: msg.ddp.last,
+        mo,
+        ulpdu,
         plen,
         got: 0,
-        pad: hdr::pad(ulpdu),
+        pad: fpdu::pad_len(ulpdu),
         crc,
         dst,
-        ddp,
-        dlen,
+        quote,
+        qlen,
     });
     c.rx.have = 0;
     c.rx.tail = 0;
@@ -363,81 +457,46 @@ fn start(ctx: &Ctx<'_>, qp: &Qp, c: &mut Conn) -> Step {
     Step::Go
 }
 
-/// Whether the CRC of the private FPDU in `buf` is right (always, with CRCs off).
-fn private_crc_ok(c: &Conn, ulpdu: usize) -> bool {
-    if !c.crc {
-        return true;
-    }
-    let end = MPA_LEN + ulpdu + hdr::pad(ulpdu);
-    let want = u32::from_le_bytes([
-        c.rx.buf[end],
-        c.rx.buf[end + 1],
-        c.rx.buf[end + 2],
-        c.rx.buf[end + 3],
-    ]);
-    crc32c::crc32c(&c.rx.buf[..end]) == want
-}
-
-/// An RDMA Read Request (whole in `buf`): checked against IRD, MSN and the source region,
-/// then queued for the transmit half to answer.
-#[allow(clippy::too_many_arguments)]
+/// An RDMA Read Request (read whole, CRC and layout checked by the codec): checked against
+/// IRD, MSN and the source region, then queued for the transmit half to answer.
 fn read_request(
     ctx: &Ctx<'_>,
     qp: &Qp,
     c: &mut Conn,
-    qn: u32,
     msn: u32,
-    dlen: usize,
-    ulpdu: usize,
-    ddp: &[u8; MPA_LEN + hdr::UNTAGGED_LEN],
+    req: ReadRequestRepr,
+    quote: &[u8],
 ) -> Step {
-    let quote = &ddp[..MPA_LEN + dlen];
-    if !private_crc_ok(c, ulpdu) {
-        c.terminate(qp, Term::MPA_CRC, Some(quote), None);
+    if msn != c.expect[1] || c.irq.len() >= c.ird {
+        // More reads outstanding than IRD allows: RFC 5040 §5.3's MSN range error.
+        c.terminate(qp, TermCode::DDP_MSN_RANGE, Some(quote), false);
         return Step::Stop;
     }
-    c.rx.have = 0;
-    let mut body = [0u8; hdr::READ_REQ_LEN];
-    let req = if ulpdu == dlen + hdr::READ_REQ_LEN {
-        body.copy_from_slice(&c.rx.buf[MPA_LEN + dlen..MPA_LEN + ulpdu]);
-        ReadReq::parse(&body)
-    } else {
-        None
-    };
-    let t = if qn != hdr::QN_READ {
-        Some(Term::DDP_UT_QN)
-    } else if msn != c.expect[1] || c.irq.len() >= c.ird {
-        // More reads outstanding than IRD allows: RFC 5040 §5.3's MSN range error.
-        Some(Term::DDP_UT_MSN_RANGE)
-    } else if req.is_none() {
-        Some(Term::MALFORMED)
-    } else {
-        None
-    };
-    let Some(req) = req.filter(|_| t.is_none()) else {
-        c.terminate(qp, t.unwrap_or(Term::MALFORMED), Some(quote), None);
-        return Step::Stop;
-    };
     c.expect[1] = msn.wrapping_add(1);
-    let src = if req.len == 0 {
+    let src = if req.size == 0 {
         None
     } else {
         match ctx.keys.remote_checked(
             qp.ch.id,
             qp.pd,
-            req.src_stag,
-            req.src_to,
-            u64::from(req.len),
+            req.source_stag,
+            req.source_to,
+            u64::from(req.size),
             access::REMOTE_READ,
         ) {
             Ok(s) => Some(s),
             Err(f) => {
                 let t = match f {
-                    RemoteFault::Key => Term::RDMAP_INVALID_STAG,
-                    RemoteFault::Bounds => Term::RDMAP_BOUNDS,
-                    RemoteFault::Access => Term::RDMAP_ACCESS,
+                    RemoteFault::Key => TermCode::RDMAP_INVALID_STAG,
+                    RemoteFault::Bounds => TermCode::RDMAP_BASE_BOUNDS,
+                    RemoteFault::Access => TermCode::RDMAP_ACCESS_RIGHTS,
                 };
-                c.terminate(qp, t, Some(quote), Some(&body));
+                // The segment and its Read Request header, as siw quotes them.
+                let mut block = [0u8; QUOTE_MAX + READ_REQUEST_LEN];
+                let n = quote.len();
+                block[..n].copy_from_slice(quote);
+                block[n..n + READ_REQUEST_LEN].copy_from_slice(&req.to_bytes());
+                c.terminate(qp, t, Some(&block[..n + READ_REQUEST_LEN]), true);
                 return Step::Stop;
             }
         }
@@ -446,20 +505,20 @@ fn read_request(
         src,
         stag: req.sink_stag,
         to: req.sink_to,
-        len: u64::from(req.len),
+        len: u64::from(req.size),
     });
     Step::Go
 }
 
 /// Takes the RQ's head for an incoming SEND; `Ok(false)` if none is posted.
-fn take_recv(ctx: &Ctx<'_>, qp: &Qp, c: &mut Conn) -> Result<bool, Term> {
+fn take_recv(ctx: &Ctx<'_>, qp: &Qp, c: &mut Conn) -> Result<bool, TermCode> {
     let mut rv = lock(&qp.recv);
     let raw = match rv.rq.pop() {
         Ok(None) => return Ok(false),
         Err(e) => {
             drop(rv);
             tracing::debug!(qp = qp.num.0, "RQ index garbage: {e}");
-            return Err(Term::RDMAP_LOCAL_CATASTROPHIC);
+            return Err(TermCode::RDMAP_LOCAL_CATASTROPHIC);
         }
         Ok(Some(raw)) => {
             rv.rq.release();
@@ -472,12 +531,12 @@ fn take_recv(ctx: &Ctx<'_>, qp: &Qp, c: &mut Conn) -> Result<bool, Term> {
         .filter(|w| w.opcode == WqeOpcode::Recv)
     else {
         recv_done(qp, &raw, CqeStatus::BadWqe, 0, false);
-        return Err(Term::RDMAP_UNSPECIFIED);
+        return Err(TermCode::RDMAP_OPERATION_UNSPECIFIED);
     };
     match exec::local_segs(ctx, qp, &w.data, true) {
         Err(st) => {
             recv_done(qp, &raw, st, 0, false);
-            Err(Term::RDMAP_UNSPECIFIED)
+            Err(TermCode::RDMAP_OPERATION_UNSPECIFIED)
         }
         Ok(segs) => {
             let cap = segs.iter().flatten().map(|s| s.len as u64).sum();
@@ -512,27 +571,25 @@ fn finish(qp: &Qp, c: &mut Conn) -> bool {
     let Some(f) = c.rx.cur.take() else {
         return true;
     };
-    let quote = &f.ddp[..MPA_LEN + f.dlen];
+    let quote = &f.quote[..f.qlen];
     if c.crc {
         let mut crc = f.crc;
         if let Some((segs, off)) = &f.dst {
-            crc = crc_segs(crc, segs, *off, f.plen);
+            crc_segs(&mut crc, segs, *off, f.plen);
         }
-        crc = crc32c::crc32c_append(crc, &[0u8; 3][..f.pad]);
-        let t = &c.rx.trailer[f.pad..f.pad + CRC_LEN];
-        if crc != u32::from_le_bytes([t[0], t[1], t[2], t[3]]) {
-            c.terminate(qp, Term::MPA_CRC, Some(quote), None);
+        if let Err(e) = crc.check_trailer(f.ulpdu, &c.rx.trailer[..f.pad + CRC_LEN]) {
+            c.terminate(qp, TermCode::for_error(&e), Some(quote), false);
             return false;
         }
     }
     c.rx.tail = 0;
-    match f.h.opcode {
-        op::READ_RESP => {
+    match f.opcode {
+        Opcode::ReadResponse => {
             let Some(o) = c.orq.front_mut() else {
                 return true;
             };
             o.got += f.plen as u64;
-            if f.h.last {
+            if f.last {
                 let Some(o) = c.orq.pop_front() else {
                     return true;
                 };
@@ -540,7 +597,7 @@ fn finish(qp: &Qp, c: &mut Conn) -> bool {
                     if let Some(seq) = o.seq {
                         c.mark(seq, CqeStatus::BadResponse, 0);
                     }
-                    c.terminate(qp, Term::DDP_T_BOUNDS, Some(quote), None);
+                    c.terminate(qp, TermCode::DDP_BASE_BOUNDS, Some(quote), false);
                     return false;
                 }
                 if let Some(seq) = o.seq {
@@ -548,19 +605,16 @@ fn finish(qp: &Qp, c: &mut Conn) -> bool {
                 }
             }
         }
-        op::SEND | op::SEND_SE if f.h.last => {
-            let Ddp::Untagged { mo, .. } = f.h.ddp else {
-                return true;
-            };
+        Opcode::Send | Opcode::SendSe if f.last => {
             c.expect[0] = c.expect[0].wrapping_add(1);
             if let Some(rc) = c.recv.take() {
-                let len = u64::from(mo) + f.plen as u64;
+                let len = u64::from(f.mo) + f.plen as u64;
                 recv_done(
                     qp,
                     &rc.raw,
                     CqeStatus::Success,
                     len,
-                    f.h.opcode == op::SEND_SE,
+                    f.opcode == Opcode::SendSe,
                 );
             }
         }

@@ -2,20 +2,26 @@
 //! queued as a list of pieces — private bytes (MPA length, DDP/RDMAP header, pad, CRC) and
 //! ranges of guest memory — and handed to the kernel with one `sendmsg` per batch, so payload
 //! goes from the guest's pages to the socket without a copy and small messages queued
-//! together leave in one system call.
+//! together leave in one system call. Every header, the FPDU trailer and the segmentation
+//! come from the `iwarp-proto` codec (`MessageRepr::emit_fpdu_head`, `FpduCrc`, `Trailer`,
+//! `message::segments`).
 
 use std::collections::VecDeque;
 use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use iwarp_proto::ddp::{TAGGED_HEADER_LEN, UNTAGGED_HEADER_LEN};
+use iwarp_proto::fpdu::{self, FpduCrc, Trailer};
+use iwarp_proto::message::{self, MessageRepr, Segments, MAX_FPDU_HEAD_LEN};
+use iwarp_proto::rdmap::{Opcode, ReadRequestRepr};
+use iwarp_proto::WireError;
 use shared_ring::abi::control::QpState;
 use shared_ring::abi::cqe::{CqeOpcode, CqeStatus};
 use shared_ring::abi::event::EventKind;
 use shared_ring::abi::wqe::{flags, WqeData, WqeOpcode, WqeRepr, MAX_INLINE};
 use shared_ring::mem::SendList;
 
-use super::hdr::{self, Ddp, Hdr, ReadReq};
 use super::qp::{self, Conn, OutRead, RemoteQp};
 use crate::device::exec::{self, Ctx};
 use crate::device::mr::Seg;
@@ -48,16 +54,12 @@ pub(crate) fn for_ranges<'a>(
     }
 }
 
-/// CRC32c of message bytes `[from, from + len)` over `segs`, appended to `crc`.
-pub(crate) fn crc_segs(mut crc: u32, segs: &SegList, from: usize, len: usize) -> u32 {
+/// Adds message bytes `[from, from + len)` over `segs` to `crc`, where they lie.
+pub(crate) fn crc_segs(crc: &mut FpduCrc, segs: &SegList, from: usize, len: usize) {
     for_ranges(segs, from, len, |s, off, n| {
         // The range was checked when the segment was resolved.
-        let _ = s
-            .region()
-            .0
-            .for_each_chunk(off, n, |b| crc = crc32c::crc32c_append(crc, b));
+        let _ = s.region().0.for_each_chunk(off, n, |b| crc.update(b));
     });
-    crc
 }
 
 /// A piece of the byte stream waiting for the socket.
@@ -70,12 +72,22 @@ enum Piece {
     Done(u64),
 }
 
-/// What an FPDU carries after its header.
-pub(crate) enum Body<'a> {
+/// The payload an FPDU carries after its headers.
+pub(crate) enum Payload<'a> {
     None,
     Priv(&'a [u8]),
     /// Message bytes `[from, from + len)` over the segments.
     Segs(&'a SegList, usize, usize),
+}
+
+impl Payload<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Payload::None => 0,
+            Payload::Priv(b) => b.len(),
+            Payload::Segs(_, _, n) => *n,
+        }
+    }
 }
 
 /// Where a message's payload comes from.
@@ -84,16 +96,40 @@ enum Src {
     Inline([u8; MAX_INLINE]),
 }
 
+/// Where a message's segments go.
+#[derive(Clone, Copy)]
+enum Dest {
+    /// The peer's buffer `stag`, from tagged offset `to` (WRITE, Read Response).
+    Tagged { stag: u32, to: u64 },
+    /// Message `msn` of the opcode's untagged queue (SEND).
+    Untagged { msn: u32 },
+}
+
 /// A message being cut into FPDUs.
 pub(crate) struct TxMsg {
-    opcode: u8,
-    /// Untagged (a SEND, with its MSN) or tagged (STag and base TO).
-    ddp: Ddp,
+    opcode: Opcode,
+    dest: Dest,
     src: Src,
-    len: usize,
-    done: usize,
+    /// The segments still to cut.
+    cuts: Segments,
     /// The send WQE that ends with the message.
     seq: Option<u64>,
+}
+
+impl TxMsg {
+    fn new(c: &Conn, opcode: Opcode, dest: Dest, src: Src, len: usize, seq: Option<u64>) -> Self {
+        let header = match dest {
+            Dest::Tagged { .. } => TAGGED_HEADER_LEN,
+            Dest::Untagged { .. } => UNTAGGED_HEADER_LEN,
+        };
+        TxMsg {
+            opcode,
+            dest,
+            src,
+            cuts: message::segments(len, c.mulpdu - header),
+            seq,
+        }
+    }
 }
 
 /// The transmit state of a connection.
@@ -125,30 +161,32 @@ impl Tx {
         self.queued += len;
     }
 
-    /// Queues one FPDU: length, header, body, pad and CRC (zero when CRCs are off).
-    pub(crate) fn fpdu(&mut self, crc_on: bool, h: &Hdr, body: Body<'_>) {
-        let blen = match body {
-            Body::None => 0,
-            Body::Priv(b) => b.len(),
-            Body::Segs(_, _, n) => n,
-        };
-        let ulpdu = h.len() + blen;
+    /// Queues one FPDU: the codec's head (length, DDP/RDMAP header, Read Request or
+    /// Terminate body) from a stack buffer, the payload, and the trailer (pad, CRC — zero
+    /// when CRCs are off). Nothing is queued if the codec refuses the message.
+    pub(crate) fn fpdu(
+        &mut self,
+        crc_on: bool,
+        m: &MessageRepr<'_>,
+        payload: Payload<'_>,
+    ) -> Result<(), WireError> {
+        let mut head = [0u8; MAX_FPDU_HEAD_LEN];
+        let hlen = m.emit_fpdu_head(payload.len(), &mut head)?;
+        let ulpdu = hlen - fpdu::HEADER_LEN + payload.len();
         let at = self.arena.len();
-        self.arena.extend_from_slice(&(ulpdu as u16).to_be_bytes());
-        h.emit(&mut self.arena);
-        if let Body::Priv(b) = body {
+        self.arena.extend_from_slice(&head[..hlen]);
+        if let Payload::Priv(b) = payload {
             self.arena.extend_from_slice(b);
         }
-        let mut crc = if crc_on {
-            crc32c::crc32c(&self.arena[at..])
-        } else {
-            0
-        };
+        let mut crc = FpduCrc::new();
+        if crc_on {
+            crc.update(&self.arena[at..]);
+        }
         let mut tail = at;
-        if let Body::Segs(segs, from, n) = body {
+        if let Payload::Segs(segs, from, n) = payload {
             self.push_priv(at, self.arena.len() - at);
             if crc_on {
-                crc = crc_segs(crc, segs, from, n);
+                crc_segs(&mut crc, segs, from, n);
             }
             let mut shared: [Option<Piece>; 2] = [None, None];
             let mut k = 0;
@@ -168,13 +206,10 @@ impl Tx {
             self.queued += n;
             tail = self.arena.len();
         }
-        let pad = hdr::pad(ulpdu);
-        self.arena.extend_from_slice(&[0u8; 3][..pad]);
-        if crc_on {
-            crc = crc32c::crc32c_append(crc, &[0u8; 3][..pad]);
-        }
-        self.arena.extend_from_slice(&crc.to_le_bytes());
+        self.arena
+            .extend_from_slice(Trailer::new(ulpdu, &crc, crc_on).as_bytes());
         self.push_priv(tail, self.arena.len() - tail);
+        Ok(())
     }
 
     /// Hands queued pieces to the socket until it is full or they are all out; `Ok(true)`
@@ -343,24 +378,23 @@ fn fill(ctx: &Ctx<'_>, qp: &Arc<Qp>, c: &mut Conn) -> bool {
     while c.tx.queued < TX_QUEUE && !c.closing {
         if let Some(m) = c.tx.cur.take() {
             did = true;
-            cut(c, m);
+            if let Err(e) = cut(c, m) {
+                c.local_failure(qp, &e);
+                break;
+            }
             continue;
         }
         if c.wait_rtr {
             break;
         }
         if let Some(rd) = c.irq.pop_front() {
-            c.tx.cur = Some(TxMsg {
-                opcode: hdr::op::READ_RESP,
-                ddp: Ddp::Tagged {
-                    stag: rd.stag,
-                    to: rd.to,
-                },
-                src: Src::Segs([rd.src, None]),
-                len: rd.len as usize,
-                done: 0,
-                seq: None,
-            });
+            let dest = Dest::Tagged {
+                stag: rd.stag,
+                to: rd.to,
+            };
+            let src = Src::Segs([rd.src, None]);
+            let m = TxMsg::new(c, Opcode::ReadResponse, dest, src, rd.len as usize, None);
+            c.tx.cur = Some(m);
             continue;
         }
         if qp.state() != QpState::Rts || !next_wqe(ctx, qp, c) {
@@ -372,35 +406,26 @@ fn fill(ctx: &Ctx<'_>, qp: &Arc<Qp>, c: &mut Conn) -> bool {
 }
 
 /// Queues the next FPDU of `m` (keeps it current until its last byte is queued).
-fn cut(c: &mut Conn, mut m: TxMsg) {
-    let hlen = match m.ddp {
-        Ddp::Tagged { .. } => hdr::TAGGED_LEN,
-        Ddp::Untagged { .. } => hdr::UNTAGGED_LEN,
+fn cut(c: &mut Conn, mut m: TxMsg) -> Result<(), WireError> {
+    let Some((range, last)) = m.cuts.next() else {
+        return Ok(());
     };
-    let room = (c.max_fpdu - hdr::MPA_LEN - hlen - hdr::CRC_LEN) & !3;
-    let n = (m.len - m.done).min(room);
-    let last = m.done + n == m.len;
-    let ddp = match m.ddp {
-        Ddp::Tagged { stag, to } => Ddp::Tagged {
-            stag,
-            to: to.wrapping_add(m.done as u64),
-        },
-        Ddp::Untagged { qn, msn, .. } => Ddp::Untagged {
-            qn,
-            msn,
-            mo: m.done as u32,
-        },
-    };
-    let h = Hdr {
-        last,
-        opcode: m.opcode,
-        ddp,
+    let h = match m.dest {
+        Dest::Tagged { stag, to } => {
+            MessageRepr::tagged(m.opcode, last, stag, to.wrapping_add(range.start as u64))
+        }
+        Dest::Untagged { msn } => MessageRepr::untagged(m.opcode, last, 0, msn, range.start as u32),
     };
     match &m.src {
-        Src::Segs(segs) => c.tx.fpdu(c.crc, &h, Body::Segs(segs, m.done, n)),
-        Src::Inline(b) => c.tx.fpdu(c.crc, &h, Body::Priv(&b[m.done..m.done + n])),
+        Src::Segs(segs) => {
+            let p = Payload::Segs(segs, range.start, range.len());
+            c.tx.fpdu(c.crc, &h, p)?;
+        }
+        Src::Inline(b) => {
+            let p = Payload::Priv(b.get(range).unwrap_or_default());
+            c.tx.fpdu(c.crc, &h, p)?;
+        }
     }
-    m.done += n;
     if last {
         if let Some(seq) = m.seq {
             c.tx.pieces.push_back(Piece::Done(seq));
@@ -408,6 +433,7 @@ fn cut(c: &mut Conn, mut m: TxMsg) {
     } else {
         c.tx.cur = Some(m);
     }
+    Ok(())
 }
 
 /// Starts the SQ's next WQE; `false` if there is none (or it must wait).
@@ -470,36 +496,25 @@ fn next_wqe(ctx: &Ctx<'_>, qp: &Arc<Qp>, c: &mut Conn) -> bool {
         c.mark(seq, CqeStatus::LocalLengthError, 0);
         return true;
     }
-    let msg = |opcode, ddp, src| TxMsg {
-        opcode,
-        ddp,
-        src,
-        len,
-        done: 0,
-        seq: Some(seq),
-    };
-    match w.opcode {
+    let sent = match w.opcode {
         WqeOpcode::Send => {
             let opcode = if w.flags & flags::SOLICITED != 0 {
-                hdr::op::SEND_SE
+                Opcode::SendSe
             } else {
-                hdr::op::SEND
+                Opcode::Send
             };
             let msn = c.msn[0];
             c.msn[0] = msn.wrapping_add(1);
-            let ddp = Ddp::Untagged {
-                qn: hdr::QN_SEND,
-                msn,
-                mo: 0,
-            };
-            cut(c, msg(opcode, ddp, src));
+            let m = TxMsg::new(c, opcode, Dest::Untagged { msn }, src, len, Some(seq));
+            cut(c, m)
         }
         WqeOpcode::RdmaWrite => {
-            let ddp = Ddp::Tagged {
+            let dest = Dest::Tagged {
                 stag: w.rkey,
                 to: w.remote_addr,
             };
-            cut(c, msg(hdr::op::WRITE, ddp, src));
+            let m = TxMsg::new(c, Opcode::Write, dest, src, len, Some(seq));
+            cut(c, m)
         }
         WqeOpcode::RdmaRead => {
             let Src::Segs(_) = src else {
@@ -510,17 +525,16 @@ fn next_wqe(ctx: &Ctx<'_>, qp: &Arc<Qp>, c: &mut Conn) -> bool {
             let first = segs.iter().flatten().next();
             let stag = first.map_or(0, |s| s.lkey());
             let base_to = first.map_or(0, |s| s.region().1 as u64);
-            let mut body = Vec::with_capacity(hdr::READ_REQ_LEN);
-            ReadReq {
-                sink_stag: stag,
-                sink_to: base_to,
-                len: len as u32,
-                src_stag: w.rkey,
-                src_to: w.remote_addr,
-            }
-            .emit(&mut body);
-            let h = qp::read_req_hdr(c);
-            c.tx.fpdu(c.crc, &h, Body::Priv(&body));
+            let m = qp::read_request(
+                c,
+                ReadRequestRepr {
+                    sink_stag: stag,
+                    sink_to: base_to,
+                    size: len as u32,
+                    source_stag: w.rkey,
+                    source_to: w.remote_addr,
+                },
+            );
             c.orq.push_back(OutRead {
                 seq: Some(seq),
                 segs,
@@ -529,12 +543,20 @@ fn next_wqe(ctx: &Ctx<'_>, qp: &Arc<Qp>, c: &mut Conn) -> bool {
                 stag,
                 base_to,
             });
+            c.tx.fpdu(c.crc, &m, Payload::None)
         }
         // Immediate data has no carrier on the wire yet (Linux siw has none either).
         WqeOpcode::SendWithImm | WqeOpcode::RdmaWriteWithImm => {
             c.mark(seq, CqeStatus::LocalQpOperationError, 0);
+            Ok(())
         }
-        WqeOpcode::Recv => c.mark(seq, CqeStatus::BadWqe, 0),
+        WqeOpcode::Recv => {
+            c.mark(seq, CqeStatus::BadWqe, 0);
+            Ok(())
+        }
+    };
+    if let Err(e) = sent {
+        c.local_failure(qp, &e);
     }
     true
 }
