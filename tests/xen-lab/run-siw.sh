@@ -8,10 +8,16 @@
 # dissectors see every capture as MPA request + reply and DDP/RDMAP FPDUs with no malformed
 # frame, and in the CRC captures a CRC on every FPDU that Wireshark finds good; then runs
 # iwarp-proto's siw_capture test (our codec) on them.
+# The scenario also runs a vrdma guest against siw: vrdma-backend in dom0 (release build,
+# stripped, with vrdmactl and vrdma-rping) and vrdma-rping in a domU, against stock rping on
+# siw1 in both directions and both CRC modes; those captures (siw-<mode>-vrdma-*.pcap) get the
+# same tshark checks.
 # Exit 0 iff the scenario PASSes, (with tshark) every capture passes those checks, and the
 # codec test passes.
 #
-# Environment: LAB_BUILD (images, default target/xen-lab), LAB_TIMEOUT (default 900 s).
+# Environment: LAB_BUILD (images, default target/xen-lab), LAB_TIMEOUT (default 900 s);
+# SIW_MODES ("nocrc crc") and SIW_TOOLS ("rping ib_write_bw ib_read_lat ib_send_lat vrdma")
+# narrow the run (passed to the scenario as siw-lab.env).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
@@ -20,12 +26,23 @@ export LAB_BUILD=$B
 "$HERE/build-images.sh"
 "$HERE/build-siw.sh"
 
+# The vrdma side: the same cargo command as run-all.sh's (one release build serves both).
+cd "$ROOT"
+VB=$B/siw-bin
+rm -rf "$VB" && mkdir -p "$VB"
+cargo build --release -q -p vrdma-backend --bin vrdma-backend --bin vrdmactl -p vrdma-tests --bin vrdma-rping
+# Stripped: the domU unpacks these into RAM.
+for b in vrdma-backend vrdmactl vrdma-rping; do strip -o "$VB/$b" "target/release/$b"; done
+: > "$VB/siw-lab.env"
+[ -n "${SIW_MODES:-}" ] && echo "SIW_MODES='$SIW_MODES'" >> "$VB/siw-lab.env"
+[ -n "${SIW_TOOLS:-}" ] && echo "SIW_TOOLS='$SIW_TOOLS'" >> "$VB/siw-lab.env"
+
 echo "=== xen-lab scenario siw ($(uptime))"
 OUT=$B/last-siw.out
 rc=0
 T0=$(date +%s)
-"$HERE/run-lab.sh" siw "$B/siw/siw.ko" "$B/siw/siw-crc.ko" > "$OUT" 2>&1 || rc=$?
-grep -E 'LAB: (siw|rdma|RESULT)|ibv_devinfo|^\[ *[0-9.]*\]   (nocrc|crc) ' "$OUT" | sed 's/^\[ *[0-9.]*\] //'
+"$HERE/run-lab.sh" siw "$B/siw/siw.ko" "$B/siw/siw-crc.ko" "$VB"/* > "$OUT" 2>&1 || rc=$?
+grep -E 'LAB: (siw|rdma|RESULT|vrdma|labU1 result)|ibv_devinfo|^\[ *[0-9.]*\]   (nocrc|crc) |\[labU1\] labU1: step' "$OUT" | sed 's/^\[ *[0-9.]*\] //'
 CAP=$B/siw-captures
 rm -rf "$CAP" && mkdir -p "$CAP"
 cp "$B"/share-siw/out/siw-*.pcap "$CAP/" 2>/dev/null || true
