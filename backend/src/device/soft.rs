@@ -300,16 +300,7 @@ fn queue(region: &SharedRegion, db: &Doorbells, slot: u32, n: usize) -> DeviceRe
     }
     let slots = region.slots(0, n).map_err(|e| inval(e.to_string()))?;
     let q = db.queue(slot).map_err(|e| inval(e.to_string()))?;
-    // Bypass: the engine finds WQEs by their phase bit (one line per WQE); mediated: by the
-    // private producer index the control path moves.
-    Ok(WqConsumer::with_owner(
-        slots,
-        q.prod,
-        q.cons,
-        0,
-        shared_ring::abi::wqe::field::OWNER,
-        !db.mediated(),
-    ))
+    Ok(WqConsumer::new(slots, q.prod, q.cons, 0))
 }
 
 impl Inner {
@@ -770,12 +761,6 @@ impl Device for SoftDevice {
         if !matches!(q.state(), QpState::Reset | QpState::Init | QpState::Rtr) {
             return Err(DeviceError::ConnectionRefused(qp.0, "QP is not in Init"));
         }
-        if t.cm.has_qp(qp) {
-            return Err(DeviceError::ConnectionRefused(
-                qp.0,
-                "QP is connected by the connection manager",
-            ));
-        }
         let mut s = lock(&q.send);
         if s.peer_num.is_some() {
             return Err(DeviceError::ConnectionRefused(
@@ -1001,9 +986,9 @@ impl SoftDevice {
 }
 
 impl Inner {
-    /// See [`SoftDevice::attach_stream`] (the connection manager's thread has an `Inner`). If it
-    /// fails, the connection manager moves the QP to Error, sends `ConnectUnreachable` and drops
-    /// `est` (closing the TCP connection).
+    /// See [`SoftDevice::attach_stream`] (the connection manager's thread has an `Inner`).
+    /// If it fails, the connection manager moves the QP to Error, sends `ConnectUnreachable`
+    /// and drops `est` (closing the TCP connection).
     pub(crate) fn attach_stream(
         &self,
         ch: ChannelId,
