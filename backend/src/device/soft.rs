@@ -300,7 +300,16 @@ fn queue(region: &SharedRegion, db: &Doorbells, slot: u32, n: usize) -> DeviceRe
     }
     let slots = region.slots(0, n).map_err(|e| inval(e.to_string()))?;
     let q = db.queue(slot).map_err(|e| inval(e.to_string()))?;
-    Ok(WqConsumer::new(slots, q.prod, q.cons, 0))
+    // Bypass: the engine finds WQEs by their phase bit (one line per WQE); mediated: by the
+    // private producer index the control path moves.
+    Ok(WqConsumer::with_owner(
+        slots,
+        q.prod,
+        q.cons,
+        0,
+        shared_ring::abi::wqe::field::OWNER,
+        !db.mediated(),
+    ))
 }
 
 impl Inner {
@@ -760,6 +769,12 @@ impl Device for SoftDevice {
         let q = t.qps.get(&qp).ok_or(bad("QP", qp.0))?.clone();
         if !matches!(q.state(), QpState::Reset | QpState::Init | QpState::Rtr) {
             return Err(DeviceError::ConnectionRefused(qp.0, "QP is not in Init"));
+        }
+        if t.cm.has_qp(qp) {
+            return Err(DeviceError::ConnectionRefused(
+                qp.0,
+                "QP is connected by the connection manager",
+            ));
         }
         let mut s = lock(&q.send);
         if s.peer_num.is_some() {
