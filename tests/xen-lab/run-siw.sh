@@ -53,7 +53,10 @@ if command -v tshark >/dev/null; then
     # Send payloads and calls them malformed; it is not iWARP's dissector speaking.
     TS=(tshark --disable-protocol rpcordma)
     # expert: the expert infos of severity warning and error (tshark -z expert), "<count> <summary>".
-    expert() { sed -n -E '/^(Errors|Warns) \(/,/^$/p' | sed -n -E 's/^ +([0-9]+) +[^ ]+ +[^ ]+ +/\1 /p'; }
+    # TCP's own warnings (a spurious retransmission answered with a D-SACK: TCG's timing makes
+    # the kernel's tail-loss probe fire now and then, on siw's connections as on vrdma's) are
+    # shown as "TCP: <summary>" and do not fail a capture: the check is about the iWARP layers.
+    expert() { sed -n -E '/^(Errors|Warns) \(/,/^$/p' | sed -n -E 's/^ +([0-9]+) +[^ ]+ +TCP +/\1 TCP: /p; t; s/^ +([0-9]+) +[^ ]+ +[^ ]+ +/\1 /p'; }
     tv=$(tshark --version | head -n1)
     echo "=== $tv, on the captures"
     for f in "$CAP"/*.pcap; do
@@ -72,7 +75,7 @@ if command -v tshark >/dev/null; then
         errs=$("${TS[@]}" -r "$f" -q -z expert 2>/dev/null | grep -c '^Errors (' || true)
         # Expected (issue 12): the enhanced bit is "reserved" and revision 2 is "not one" to
         # Wireshark's RFC 5044 dissector, once per MPA frame. Anything else fails.
-        other=$(grep -v -E 'Res field is NOT set to zero|Rev field is NOT set to one' <<<"$EXP" | grep -c . || true)
+        other=$(grep -v -E 'Res field is NOT set to zero|Rev field is NOT set to one|^[0-9]+ TCP: ' <<<"$EXP" | grep -c . || true)
         ok=1
         [ "$req" -ge 1 ] && [ "$req" = "$rep" ] && [ "$fpdus" -gt 0 ] && [ "$mal" = 0 ] && [ "$errs" = 0 ] && [ "$other" = 0 ] && [ "$badcrc" = 0 ] || ok=0
         case $(basename "$f") in siw-crc-*) [ "$good" = "$fpdus" ] || ok=0 ;; *) [ "$zero" = "$fpdus" ] && [ "$good" = 0 ] || ok=0 ;; esac
@@ -85,8 +88,14 @@ fi
 # The same captures through our own codec (iwarp-proto/tests/siw_capture.rs reads
 # $SIW_CAPTURE_DIR instead of its committed fixtures).
 echo "=== iwarp-proto's siw_capture test on the captures"
-(cd "$ROOT" && SIW_CAPTURE_DIR=$CAP cargo test -q -p iwarp-proto --test siw_capture 2>&1 | tail -n 3) | tee "$B/siw-codec.out"
-grep -q 'test result: ok' "$B/siw-codec.out" || rc=1
+if [ -n "${SIW_TOOLS:-}${SIW_MODES:-}" ] && ! ls "$CAP"/siw-{nocrc,crc}-{rping,ib_write_bw,ib_read_lat,ib_send_lat}.pcap >/dev/null 2>&1; then
+    # A narrowed run (SIW_TOOLS / SIW_MODES) has not made the stock tools' eight captures the
+    # test reads; the full run always runs it.
+    echo "not run: SIW_TOOLS='${SIW_TOOLS:-}' SIW_MODES='${SIW_MODES:-}' made no full set of stock-tool captures"
+else
+    (cd "$ROOT" && SIW_CAPTURE_DIR=$CAP cargo test -q -p iwarp-proto --test siw_capture 2>&1 | tail -n 3) | tee "$B/siw-codec.out"
+    grep -q 'test result: ok' "$B/siw-codec.out" || rc=1
+fi
 echo "=== run-siw: $(( $(date +%s) - T0 )) s; host after the run: $(uptime)"
 tail -n 2 "$OUT"
 exit $rc
