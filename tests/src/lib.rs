@@ -343,6 +343,14 @@ impl Lab {
         attach_device(&self.dom0, u32::from(domid.0), 0, 0, &q).expect("attach the device");
     }
 
+    /// A command running `exe` in `domid` (the simulated domain's environment set), for guest
+    /// programs other than `vrdma-guest` (e.g. `vrdma-rping`).
+    pub fn command_in(&self, exe: &Path, domid: DomId) -> Command {
+        let mut cmd = Command::new(exe);
+        self.domain_env(&mut cmd, domid);
+        cmd
+    }
+
     /// Starts `vrdma-guest` (at `exe`) in `domid`, adopted by the host so a domain destroy
     /// kills it.
     pub fn spawn_guest(&self, exe: &Path, domid: DomId) -> Guest {

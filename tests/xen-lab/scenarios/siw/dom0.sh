@@ -1,22 +1,35 @@
 # siw scenario, dom0 side (sourced by init-dom0.sh; lab-lib.sh loaded): Linux's Soft-iWARP in
-# dom0, the reference our iWARP wire is compared to. For each MPA CRC mode — siw.ko (siw's
-# default: CRC not asked for) and siw-crc.ko (the same source asking for CRC, see
-# build-siw.sh) — it loads siw, binds siw1 to a dummy netdev with 10.78.0.1/24, and runs stock
-# rdma-core tools on siw1, server and client both in dom0, while tcpdump captures the TCP
-# traffic (to a local address it goes over lo): rping with data validation, perftest's
-# ib_write_bw, ib_read_lat and ib_send_lat over rdma_cm (-R). The captures and each tool's
-# output go to the share's out/ (out/siw-<mode>-<tool>.pcap, .log). Exits 0 iff every tool
-# exited 0, rping verified its data and every capture holds packets.
-# Needs on PATH (the share): siw.ko and siw-crc.ko (build-siw.sh). The rdma modules and user
-# space are in the dom0 image (/etc/lab-rdma-modules, /usr/lib/lab-rdma).
-# SIW_MODES (default "nocrc crc") and SIW_TOOLS may be set by a later step that reuses the
-# functions below (phase_setup / phase_teardown / run_pair) — e.g. a vrdma guest in a domU
-# against the same siw1 (not yet: see the TODO at the end).
+# dom0, the reference our iWARP wire is compared to, and a vrdma guest talking to it. For each
+# MPA CRC mode — siw.ko (siw's default: CRC not asked for) and siw-crc.ko (the same source
+# asking for CRC, see build-siw.sh) — it loads siw, binds siw1 to a dummy netdev with
+# 10.78.0.1/24, and
+#  1. runs stock rdma-core tools on siw1, server and client both in dom0: rping with data
+#     validation, perftest's ib_write_bw, ib_read_lat and ib_send_lat over rdma_cm (-R);
+#  2. (vrdma) runs vrdma-backend in dom0 at 10.78.0.2 (a second address on the same dummy0,
+#     so its TCP to siw1 is local; MPA CRC policy "decline" with siw.ko, "require" with
+#     siw-crc.ko) serving a PV domU, labU1, whose vrdma-rping talks to stock rping on siw1:
+#     `vrdma-rping -c` in labU1 against `rping -s` in dom0 (vrdma initiator), then
+#     `rping -c` in dom0 against `vrdma-rping -s` in labU1 (vrdma responder); 5 pings of
+#     64 B, validated at both ends (-V);
+# while tcpdump captures the TCP traffic (to a local address it goes over lo). The captures
+# and each tool's output go to the share's out/ (out/siw-<mode>-<tool>.pcap, .log; the vrdma
+# runs are <tool> = vrdma-client / vrdma-server). Exits 0 iff every tool exited 0, every rping
+# end saw its 5 pings and every capture holds packets.
+# Needs on PATH (the share): siw.ko and siw-crc.ko (build-siw.sh); vrdma-backend, vrdmactl and
+# vrdma-rping (also in the domU's /lab/bin). The rdma modules and user space are in the dom0
+# image (/etc/lab-rdma-modules, /usr/lib/lab-rdma).
+# siw-lab.env in the share (optional, run-siw.sh writes it from its environment) may set
+# SIW_MODES (default "nocrc crc") and SIW_TOOLS (default "rping ib_write_bw ib_read_lat
+# ib_send_lat vrdma"): a shorter run for debugging one part.
 fail=0
 R=/usr/lib/lab-rdma
 OUT=/mnt/lab/out
 ADDR=10.78.0.1
+VADDR=10.78.0.2   # vrdma-backend's address, beside siw1's on dummy0
 BIN=/mnt/lab/bin
+[ -f $BIN/siw-lab.env ] && . $BIN/siw-lab.env
+TOOLS=${SIW_TOOLS:-rping ib_write_bw ib_read_lat ib_send_lat vrdma}
+want() { case " $TOOLS " in *" $1 "*) return 0 ;; esac; return 1; }
 TO=120   # seconds, per tool process (TCG on a busy host is slow; an idle one needs ~2 s)
 
 # tcpdump drops privileges to a user it looks up: give it root.
@@ -28,8 +41,9 @@ while read -r m; do
     insmod "/lib/modules/$m" 2>/tmp/insmod.err || { lab_log "insmod $m FAILED: $(cat /tmp/insmod.err)"; exit 1; }
 done < /etc/lab-rdma-modules
 # dummy.ko made dummy0 on load. lo carries the traffic (10.78.0.1 to itself): bring it up.
-$R/ip link set lo up && $R/ip addr add $ADDR/24 dev dummy0 && $R/ip link set dummy0 up || { lab_log "dummy0 FAILED"; exit 1; }
-lab_log "rdma modules loaded; dummy0 $ADDR/24 up"
+$R/ip link set lo up && $R/ip addr add $ADDR/24 dev dummy0 && $R/ip addr add $VADDR/24 dev dummy0 &&
+    $R/ip link set dummy0 up || { lab_log "dummy0 FAILED"; exit 1; }
+lab_log "rdma modules loaded; dummy0 $ADDR/24 and $VADDR/24 up"
 
 # listening PORT: waits (up to 30 s) for a TCP listener on PORT (iw_cm's listen is a kernel
 # socket, in /proc/net/tcp like any other).
@@ -53,6 +67,27 @@ phase_teardown() {
     rmmod siw || { lab_log "rmmod siw FAILED"; return 1; }
 }
 
+# cap_start TAG PORT: tcpdump on lo (TCP, PORT's connections) into /run/lab/TAG.pcap, once it
+# listens (its pid in $tp). cap_stop TAG: stops it, copies TAG's files to the share's out/, and
+# prints how many packets it captured.
+cap_start() {
+    $R/tcpdump -i lo -U -Z root -c 4000 -w "/run/lab/$1.pcap" "tcp port $2" > "/run/lab/$1.tcpdump" 2>&1 &
+    tp=$!
+    i=0; until grep -q 'listening on lo' "/run/lab/$1.tcpdump" 2>/dev/null; do
+        i=$((i+1))
+        if [ $i -gt 100 ] || ! kill -0 $tp 2>/dev/null; then
+            lab_log "$1: tcpdump did not start: $(cat /run/lab/$1.tcpdump)"; return 1
+        fi
+        sleep 0.2
+    done
+}
+cap_stop() {
+    sleep 0.5
+    kill -INT $tp 2>/dev/null; wait $tp
+    for f in pcap server.log client.log tcpdump; do [ -f "/run/lab/$1.$f" ] && cp "/run/lab/$1.$f" "$OUT/"; done
+    sed -n 's/^\([0-9]*\) packets captured.*/\1/p' "/run/lab/$1.tcpdump"
+}
+
 # run_pair MODE NAME PORT SERVER_CMD... -- CLIENT_CMD...: tcpdump on lo (TCP, PORT's
 # connections), the server, then (once it listens) the client; both must exit 0.
 run_pair() {
@@ -60,15 +95,7 @@ run_pair() {
     srv=; while [ "$1" != -- ]; do srv="$srv $1"; shift; done; shift
     cli="$*"
     tag=siw-$mode-$name
-    $R/tcpdump -i lo -U -Z root -c 4000 -w "/run/lab/$tag.pcap" "tcp port $port" > "/run/lab/$tag.tcpdump" 2>&1 &
-    tp=$!
-    i=0; until grep -q 'listening on lo' "/run/lab/$tag.tcpdump" 2>/dev/null; do
-        i=$((i+1))
-        if [ $i -gt 100 ] || ! kill -0 $tp 2>/dev/null; then
-            lab_log "$tag: tcpdump did not start: $(cat /run/lab/$tag.tcpdump)"; return 1
-        fi
-        sleep 0.2
-    done
+    cap_start $tag $port || return 1
     t0=$(lab_up)
     timeout $TO $srv > "/run/lab/$tag.server.log" 2>&1 &
     sp=$!
@@ -79,18 +106,109 @@ run_pair() {
     crc=$?
     wait $sp; src=$?
     t1=$(lab_up)
-    sleep 0.5
-    kill -INT $tp 2>/dev/null; wait $tp
-    for f in pcap server.log client.log tcpdump; do cp "/run/lab/$tag.$f" "$OUT/"; done
-    pk=$(sed -n 's/^\([0-9]*\) packets captured.*/\1/p' "/run/lab/$tag.tcpdump")
+    pk=$(cap_stop $tag)
     lab_log "$tag: server rc=$src client rc=$crc, $pk packets captured ($(wc -c < /run/lab/$tag.pcap) bytes), $t0-$t1 s"
     [ "$src" = 0 ] && [ "$crc" = 0 ] && [ "${pk:-0}" -gt 0 ]
 }
 
+# ---- vrdma: the backend in dom0, vrdma-rping in the domU labU1 ----
+# The domU runs one command per step: dom0 writes /lab/step/N (a command line) and /lab/cur =
+# N; labU1 runs it and answers data/done = "N RC PINGS" (PINGS: its "ping data:" lines), its
+# output on its console. /lab/cur = end stops it.
+BACKEND=
+D1=
+put() { xenstore-write "$1" "$2" && lab_share_readable "$1" "$D1"; }
+STEP=0
+vstep() { STEP=$((STEP+1)); put "/lab/step/$STEP" "$*"; put /lab/cur "$STEP"; }
+# vwait: waits (bounded) for labU1's answer to the last step; sets VRC and VPINGS.
+vwait() {
+    i=0
+    while :; do
+        d=$(xenstore-read "/local/domain/$D1/data/done" 2>/dev/null)
+        case $d in "$STEP "*) break ;; esac
+        i=$((i+1)); [ $i -gt $((TO * 5 + 300)) ] && { lab_log "labU1 never finished step $STEP"; VRC=timeout; VPINGS=0; return 1; }
+        xenstore-exists "/local/domain/$D1" || { lab_log "labU1 died"; VRC=died; VPINGS=0; return 1; }
+        sleep 0.2
+    done
+    set -- $d; VRC=$2; VPINGS=$3
+}
+# vrdma_backend MODE: (re)starts vrdma-backend at $VADDR with the MPA CRC policy of MODE
+# (siw.ko never asks for CRC and honours a peer that does: "decline" keeps the wire CRC-less
+# in both directions; siw-crc.ko asks for it: "require"). A restart (SIGKILL) takes over the
+# attached device, as in scenarios/perf.
+BACKEND_STARTS=0
+vrdma_backend() {
+    crc=decline; [ "$1" = crc ] && crc=require
+    if [ -n "$BACKEND" ]; then kill -9 "$BACKEND"; wait "$BACKEND" 2>/dev/null; fi
+    printf 'address = ["%s"]\n\n[cm]\ncrc = "%s"\n' "$VADDR" "$crc" > /run/lab/backend.toml
+    RUST_LOG=info vrdma-backend --config /run/lab/backend.toml >> /run/lab/backend.log 2>&1 &
+    BACKEND=$!
+    BACKEND_STARTS=$((BACKEND_STARTS+1))
+    i=0
+    until [ "$(grep -c 'page budgets' /run/lab/backend.log 2>/dev/null)" -ge $BACKEND_STARTS ]; do
+        i=$((i+1)); [ $i -gt 300 ] && { lab_log "vrdma-backend did not start"; return 1; }
+        kill -0 "$BACKEND" 2>/dev/null || { lab_log "vrdma-backend exited: $(tail -n 5 /run/lab/backend.log)"; return 1; }
+        sleep 0.2
+    done
+    lab_log "vrdma-backend (pid $BACKEND) at $VADDR, [cm] crc = \"$crc\""
+}
+vrdma_domU() {
+    lab_start_domU labU1 || return 1
+    D1=$(lab_domid labU1)
+    vrdmactl attach "$D1" --timeout 60 || { lab_log "vrdmactl attach $D1 FAILED"; return 1; }
+    xenstore-write /lab 1 && lab_share_readable /lab "$D1"
+    put /lab/ready 1
+}
+VOPT="-C 5 -S 64 -v -V -t $((TO - 20))"
+# vrdma_client MODE PORT: stock `rping -s` on siw1, `vrdma-rping -c` in labU1 (vrdma initiator).
+vrdma_client() {
+    mode=$1; port=$2; tag=siw-$mode-vrdma-client
+    cap_start $tag $port || return 1
+    t0=$(lab_up)
+    timeout $TO $R/rping -s -v -V -a $ADDR -p $port -C 5 -S 64 > "/run/lab/$tag.server.log" 2>&1 &
+    sp=$!
+    if ! listening "$port"; then
+        lab_log "$tag: rping -s never listened on $port"; kill $sp $tp 2>/dev/null; wait $sp $tp; return 1
+    fi
+    vstep vrdma-rping -c -a $ADDR -p $port $VOPT
+    vwait
+    wait $sp; src=$?
+    t1=$(lab_up)
+    pk=$(cap_stop $tag)
+    seen=$(grep -c 'server ping data' "/run/lab/$tag.server.log")
+    lab_log "$tag: rping -s (siw1) rc=$src saw $seen pings; vrdma-rping -c (labU1) rc=$VRC printed $VPINGS pings; $pk packets captured, $t0-$t1 s"
+    [ "$src" = 0 ] && [ "$seen" = 5 ] && [ "$VRC" = 0 ] && [ "$VPINGS" = 5 ] && [ "${pk:-0}" -gt 0 ]
+}
+# vrdma_server MODE PORT: `vrdma-rping -s` in labU1 (its listener is the backend's socket on
+# $VADDR in dom0), stock `rping -c` on siw1 (vrdma responder).
+vrdma_server() {
+    mode=$1; port=$2; tag=siw-$mode-vrdma-server
+    cap_start $tag $port || return 1
+    t0=$(lab_up)
+    vstep vrdma-rping -s -a $VADDR -p $port $VOPT
+    if ! listening "$port"; then
+        lab_log "$tag: vrdma-rping -s never listened on $VADDR:$port"; vwait; kill $tp; wait $tp; return 1
+    fi
+    timeout $TO $R/rping -c -v -V -a $VADDR -p $port -C 5 -S 64 > "/run/lab/$tag.client.log" 2>&1
+    crc=$?
+    vwait
+    t1=$(lab_up)
+    pk=$(cap_stop $tag)
+    seen=$(grep -c '^ping data' "/run/lab/$tag.client.log")
+    lab_log "$tag: rping -c (siw1) rc=$crc verified $seen pings; vrdma-rping -s (labU1) rc=$VRC printed $VPINGS pings; $pk packets captured, $t0-$t1 s"
+    [ "$crc" = 0 ] && [ "$seen" = 5 ] && [ "$VRC" = 0 ] && [ "$VPINGS" = 5 ] && [ "${pk:-0}" -gt 0 ]
+}
+# The domU boots while the stock tools run.
+VRDMA=0
+if want vrdma; then
+    if vrdma_backend nocrc && vrdma_domU; then VRDMA=1; else fail=1; fi
+fi
+
 for mode in ${SIW_MODES:-nocrc crc}; do
     phase_setup $mode || { fail=1; break; }
     # rping: 5 pings of 64 B, the client verifies every one it gets back (-V).
-    if run_pair $mode rping 7174 $R/rping -s -v -V -a $ADDR -C 5 -S 64 -- $R/rping -c -v -V -a $ADDR -C 5 -S 64; then
+    if ! want rping; then :
+    elif run_pair $mode rping 7174 $R/rping -s -v -V -a $ADDR -C 5 -S 64 -- $R/rping -c -v -V -a $ADDR -C 5 -S 64; then
         grep -c 'ping data' "/run/lab/siw-$mode-rping.client.log" | grep -qx 5 ||
             { lab_log "siw-$mode-rping: the client did not print 5 pings"; fail=1; }
         sed -n '1,2p' "/run/lab/siw-$mode-rping.client.log" | sed "s/^/  /"
@@ -99,16 +217,37 @@ for mode in ${SIW_MODES:-nocrc crc}; do
     fi
     for t in "ib_write_bw 18515 -s 4096 -n 20" "ib_read_lat 18516 -s 64 -n 20" "ib_send_lat 18517 -s 64 -n 20"; do
         set -- $t; tool=$1; port=$2; shift 2
-        if run_pair $mode $tool $port $R/$tool -R -d siw1 -p $port -F "$@" -- $R/$tool -R -d siw1 -p $port -F "$@" $ADDR; then
+        if ! want $tool; then :
+        elif run_pair $mode $tool $port $R/$tool -R -d siw1 -p $port -F "$@" -- $R/$tool -R -d siw1 -p $port -F "$@" $ADDR; then
             grep -E '^ *[0-9]+ +[0-9]+ ' "/run/lab/siw-$mode-$tool.client.log" | head -n 1 | sed "s/^/  $mode $tool: /"
         else
             fail=1; sed 's/^/  /' /run/lab/siw-$mode-$tool.*.log | tail -n 30
         fi
     done
+    if [ $VRDMA = 1 ]; then
+        # The first backend (started with the domU) has nocrc's policy.
+        [ $mode = nocrc ] && [ $BACKEND_STARTS = 1 ] || vrdma_backend $mode || fail=1
+        for v in "client 7180" "server 7181"; do
+            set -- $v
+            vrdma_$1 $mode $2 || { fail=1; sed 's/^/  /' /run/lab/siw-$mode-vrdma-$1.*.log | tail -n 20; }
+        done
+    fi
     phase_teardown || { fail=1; break; }
 done
-# TODO (issue 12, later): a vrdma guest in a domU against siw1 — the backend in dom0 bridging
-# the guest's QP to siw's tools (vrdma initiator to `rping -s`, `rping -c` to a vrdma guest
-# listening), in both CRC modes, within phase_setup/phase_teardown above.
+if [ -n "$D1" ]; then
+    put /lab/cur end
+    r=$(lab_wait_result labU1 120)
+    lab_log "labU1 result: $r"
+    [ "$r" = ok ] || fail=1
+    vrdmactl detach "$D1" --timeout 60 || fail=1
+    lab_ack labU1
+    lab_wait_gone labU1
+fi
+if [ -n "$BACKEND" ]; then
+    kill "$BACKEND"; wait "$BACKEND" || { lab_log "vrdma-backend exited with an error"; fail=1; }
+    cp /run/lab/backend.log "$OUT/vrdma-backend.log"
+    grep -iE 'warn|error|panic' /run/lab/backend.log | tail -n 20 | sed 's/^/  backend: /'
+    grep -q -i panic /run/lab/backend.log && { lab_log "backend panicked"; fail=1; }
+fi
 dmesg | grep -iE 'siw|iw_cm|rdma' | tail -n 20 | sed 's/^/  dmesg: /'
 exit $fail
