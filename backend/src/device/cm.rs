@@ -583,9 +583,14 @@ impl SoftDevice {
                     }
                 }
                 drop(t);
-                q.fail(Some(EventKind::QpDisconnected));
-                if let Some(p) = peer.filter(|p| p.num != qp) {
-                    p.fail(Some(EventKind::QpDisconnected));
+                if let Some(r) = q.remote.get() {
+                    // Over TCP: the data path closes the stream and tells this end once.
+                    super::iwarp::qp::disconnect(&q, r);
+                } else {
+                    q.fail(Some(EventKind::QpDisconnected));
+                    if let Some(p) = peer.filter(|p| p.num != qp) {
+                        p.fail(Some(EventKind::QpDisconnected));
+                    }
                 }
             }
         }

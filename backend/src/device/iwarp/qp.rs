@@ -273,6 +273,13 @@ pub(crate) fn close(r: &RemoteQp) {
     }
 }
 
+/// Control path: the application disconnects a remote QP (`cm_disconnect`): the socket closes
+/// now, so the peer sees the end of the stream, the QP goes to Error and its channel gets
+/// `QpDisconnected` — once: the end of the stream the engine then sees tells nobody again.
+pub(crate) fn disconnect(qp: &Qp, r: &RemoteQp) {
+    lock(&r.conn).disconnected(qp, &"disconnected by this end");
+}
+
 impl Conn {
     /// Starts tracking a send WQE; returns its sequence number.
     pub(crate) fn push_inflight(&mut self, wr_id: u64, opcode: CqeOpcode, signaled: bool) -> u64 {
