@@ -107,8 +107,20 @@ impl Capture {
     }
 
     /// One TCP segment from `src` to `dst`.
-    fn segment(&mut self, src: SocketAddrV4, dst: SocketAddrV4, seq: u32, ack: u32, flags: u8, payload: &[u8]) {
-        assert!(payload.len() <= 65_495, "a segment of {} bytes", payload.len());
+    fn segment(
+        &mut self,
+        src: SocketAddrV4,
+        dst: SocketAddrV4,
+        seq: u32,
+        ack: u32,
+        flags: u8,
+        payload: &[u8],
+    ) {
+        assert!(
+            payload.len() <= 65_495,
+            "a segment of {} bytes",
+            payload.len()
+        );
         let mut tcp = Vec::with_capacity(20 + payload.len());
         tcp.extend_from_slice(&src.port().to_be_bytes());
         tcp.extend_from_slice(&dst.port().to_be_bytes());
@@ -143,10 +155,14 @@ impl Capture {
         frame.extend_from_slice(&0x0800u16.to_be_bytes());
         frame.extend_from_slice(&ip);
         frame.extend_from_slice(&tcp);
-        self.bytes.extend_from_slice(&1_700_000_000u32.to_le_bytes());
-        self.bytes.extend_from_slice(&((n as u32) % 1_000_000).to_le_bytes());
-        self.bytes.extend_from_slice(&(frame.len() as u32).to_le_bytes());
-        self.bytes.extend_from_slice(&(frame.len() as u32).to_le_bytes());
+        self.bytes
+            .extend_from_slice(&1_700_000_000u32.to_le_bytes());
+        self.bytes
+            .extend_from_slice(&((n as u32) % 1_000_000).to_le_bytes());
+        self.bytes
+            .extend_from_slice(&(frame.len() as u32).to_le_bytes());
+        self.bytes
+            .extend_from_slice(&(frame.len() as u32).to_le_bytes());
         self.bytes.extend_from_slice(&frame);
     }
 
@@ -164,17 +180,26 @@ impl Capture {
         let ends = [(initiator, responder), (responder, initiator)];
         // Handshake: SYN, SYN-ACK, ACK.
         self.segment(initiator, responder, seq[0], 0, 0x02, &[]);
-        self.frames.push((self.frames.len() + 1, Unit::Handshake, conn, true));
+        self.frames
+            .push((self.frames.len() + 1, Unit::Handshake, conn, true));
         self.segment(responder, initiator, seq[1], seq[0] + 1, 0x12, &[]);
-        self.frames.push((self.frames.len() + 1, Unit::Handshake, conn, false));
+        self.frames
+            .push((self.frames.len() + 1, Unit::Handshake, conn, false));
         seq = [seq[0] + 1, seq[1] + 1];
         self.segment(initiator, responder, seq[0], seq[1], 0x10, &[]);
-        self.frames.push((self.frames.len() + 1, Unit::Handshake, conn, true));
+        self.frames
+            .push((self.frames.len() + 1, Unit::Handshake, conn, true));
         let mut framers = [
-            Framer { pending: Vec::new(), setup: true },
-            Framer { pending: Vec::new(), setup: true },
+            Framer {
+                pending: Vec::new(),
+                setup: true,
+            },
+            Framer {
+                pending: Vec::new(),
+                setup: true,
+            },
         ];
-        let mut emit = |cap: &mut Capture, d: usize, unit: Unit, payload: &[u8], seq: &mut [u32; 2]| {
+        let emit = |cap: &mut Capture, d: usize, unit: Unit, payload: &[u8], seq: &mut [u32; 2]| {
             let (src, dst) = ends[d];
             cap.segment(src, dst, seq[d], seq[1 - d], 0x18, payload);
             cap.frames.push((cap.frames.len() + 1, unit, conn, d == 0));
@@ -208,7 +233,11 @@ mod tests {
     use std::net::Ipv4Addr;
 
     fn chunk(dir: Dir, bytes: &[u8]) -> Chunk {
-        Chunk { conn: 0, dir, bytes: bytes.to_vec() }
+        Chunk {
+            conn: 0,
+            dir,
+            bytes: bytes.to_vec(),
+        }
     }
 
     #[test]

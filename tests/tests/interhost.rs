@@ -76,7 +76,13 @@ fn wcs(g: &mut Guest, n: usize) -> Vec<Wc> {
 }
 
 fn one_ok(g: &mut Guest, what: &str) -> Wc {
-    let w = wcs(g, 1).remove(0);
+    let w = Guest::completions(&g.cmd(&format!("poll c 1 {WAIT_MS}")));
+    let Some(w) = w.into_iter().next() else {
+        panic!(
+            "guest {}: no completion of the {what} in {WAIT_MS} ms",
+            g.domid
+        )
+    };
     assert!(w.ok(), "{what}: {w:?}");
     w
 }
@@ -89,8 +95,8 @@ fn traffic(x: &mut Guest, y: &mut Guest, ry: &str, q: &str, size: usize, seed: u
     y.cmd(&format!("recv {q} m {hi} {size} 11"));
     x.cmd(&format!("fill m {seed} 0 {size}"));
     x.cmd(&format!("send {q} m 0 {size} 12"));
-    one_ok(x, "SEND");
-    let r = one_ok(y, "RECV");
+    one_ok(x, &format!("SEND of {size} B"));
+    let r = one_ok(y, &format!("RECV of {size} B"));
     assert_eq!((r.opcode.as_str(), r.byte_len as usize), ("Recv", size));
     y.cmd(&format!("check m {seed} {hi} {size}"));
 
@@ -98,15 +104,15 @@ fn traffic(x: &mut Guest, y: &mut Guest, ry: &str, q: &str, size: usize, seed: u
     let (addr, len, key) = split_remote(ry);
     let dst = format!("{:x}:{:x}:{key}", addr + hi as u64, len - hi as u64);
     x.cmd(&format!("write {q} m 0 {size} {dst} 13"));
-    one_ok(x, "WRITE");
+    one_ok(x, &format!("WRITE of {size} B"));
     fence(x, q, ry, 2 * BIG, 15);
-    one_ok(x, "fence READ");
+    one_ok(x, &format!("1-byte READ after a WRITE of {size} B"));
     y.cmd(&format!("check m {} {hi} {size}", seed + 1));
 
     y.cmd(&format!("fill m {} {hi} {size}", seed + 2));
     x.cmd(&format!("fill m 0 0 {size}"));
     x.cmd(&format!("read {q} m 0 {size} {dst} 14"));
-    let r = one_ok(x, "READ");
+    let r = one_ok(x, &format!("READ of {size} B"));
     assert_eq!(r.opcode, "RdmaRead");
     x.cmd(&format!("check m {} 0 {size}", seed + 2));
 }
@@ -172,7 +178,10 @@ fn eight_qps_between_two_guests_at_once() {
         a.cmd(&format!("write q{i} m {} {MIB} {dst} {i}", i * MIB));
     }
     let done = wcs(&mut a, 8);
-    assert!(done.iter().all(|w| w.ok() && w.opcode == "RdmaWrite"), "{done:?}");
+    assert!(
+        done.iter().all(|w| w.ok() && w.opcode == "RdmaWrite"),
+        "{done:?}"
+    );
     let mut ids: Vec<u64> = done.iter().map(|w| w.wr_id).collect();
     ids.sort();
     assert_eq!(ids, (0..8).collect::<Vec<_>>());
@@ -192,9 +201,15 @@ fn eight_qps_between_two_guests_at_once() {
         b.cmd(&format!("send q{i} m {} {k} {}", BIG + i * k, 200 + i));
     }
     let sent = wcs(&mut b, 8);
-    assert!(sent.iter().all(|w| w.ok() && w.opcode == "Send"), "{sent:?}");
+    assert!(
+        sent.iter().all(|w| w.ok() && w.opcode == "Send"),
+        "{sent:?}"
+    );
     let got = wcs(&mut a, 8);
-    assert!(got.iter().all(|w| w.ok() && w.byte_len as usize == k), "{got:?}");
+    assert!(
+        got.iter().all(|w| w.ok() && w.byte_len as usize == k),
+        "{got:?}"
+    );
     for i in 0..8usize {
         a.cmd(&format!("check m {} {} {k}", 2000 + i, BIG + i * k));
     }
@@ -222,7 +237,10 @@ fn eight_reads_outstanding_complete_in_order() {
     let done = wcs(&mut a, 8);
     let ids: Vec<u64> = done.iter().map(|w| w.wr_id).collect();
     assert_eq!(ids, (0..8).collect::<Vec<_>>(), "{done:?}");
-    assert!(done.iter().all(|w| w.ok() && w.opcode == "RdmaRead"), "{done:?}");
+    assert!(
+        done.iter().all(|w| w.ok() && w.opcode == "RdmaRead"),
+        "{done:?}"
+    );
     for i in 0..8usize {
         a.cmd(&format!("check m {} {} {k}", 3000 + i, i * k));
     }
@@ -301,7 +319,9 @@ fn drained(lab: &Lab, d: xen_platform::DomId) -> Vec<(String, u64)> {
         let left: Vec<(String, u64)> = lab
             .stats(d)
             .into_iter()
-            .filter(|(k, v)| ["qps", "mrs", "channels", "cqs", "pds"].contains(&k.as_str()) && *v != 0)
+            .filter(|(k, v)| {
+                ["qps", "mrs", "channels", "cqs", "pds"].contains(&k.as_str()) && *v != 0
+            })
             .collect();
         if left.is_empty() || Instant::now() > deadline {
             return left;
@@ -328,7 +348,10 @@ fn disconnect_from_either_side_flushes_both() {
     assert_flushed(&mut a, 3);
     assert_flushed(&mut b, 2);
     eprintln!("B disconnected: A saw {seen_a}, B saw {seen_b}");
-    assert!(!seen_a.contains("QpFatal") && !seen_b.contains("QpFatal"), "{seen_a} / {seen_b}");
+    assert!(
+        !seen_a.contains("QpFatal") && !seen_b.contains("QpFatal"),
+        "{seen_a} / {seen_b}"
+    );
 
     // Again, A disconnecting this time (new QPs, same listener).
     for g in [&mut a, &mut b] {
@@ -385,14 +408,23 @@ fn assert_no_leak(hosts: &mut TwoHosts, base: Baseline, guests: Vec<(bool, Guest
         let d = g.domid;
         let _ = g.exit();
         let left = drained(lab, d);
-        assert!(left.is_empty(), "host {}: left after the guest closed: {left:?}", lab.name());
+        assert!(
+            left.is_empty(),
+            "host {}: left after the guest closed: {left:?}",
+            lab.name()
+        );
     }
     for (lab, base) in [(&mut hosts.a, base.a), (&mut hosts.b, base.b)] {
         if !lab.backend_alive() {
             continue;
         }
         let n = sockets_back_to(lab, base);
-        assert!(n <= base, "host {}: {n} sockets, {base} before: {:?}", lab.name(), fds(lab));
+        assert!(
+            n <= base,
+            "host {}: {n} sockets, {base} before: {:?}",
+            lab.name(),
+            fds(lab)
+        );
     }
 }
 
@@ -400,7 +432,11 @@ fn assert_no_leak(hosts: &mut TwoHosts, base: Baseline, guests: Vec<(bool, Guest
 fn assert_counted(lab: &Lab, g: &Guest, name: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while stat(lab, g, name) == 0 {
-        assert!(Instant::now() < deadline, "no {name} in {:?}", lab.stats(g.domid));
+        assert!(
+            Instant::now() < deadline,
+            "no {name} in {:?}",
+            lab.stats(g.domid)
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -475,7 +511,8 @@ fn a_reset_mid_transfer_flushes_both_sides() {
     let rb = setup(&mut b, 2 * BIG);
     let base = baseline(&hosts);
     let listen: SocketAddr = b.cmd("listen l 0").parse().unwrap();
-    let proxy = Proxy::in_front_of(listen, Fault::ResetAfter(4 * MIB as u64), Dir::ToTarget).unwrap();
+    let proxy =
+        Proxy::in_front_of(listen, Fault::ResetAfter(4 * MIB as u64), Dir::ToTarget).unwrap();
     connect_one(&mut a, &mut b, "l", proxy.addr(), "q0");
     post_recvs(&mut b, "q0", 2);
     a.cmd(&format!("write q0 m 0 {BIG} {rb} 1"));
@@ -528,7 +565,10 @@ fn a_corrupted_byte_with_crc_terminates_both_sides() {
         "{w:?}"
     );
     assert!(seen_a.contains("QpFatal"), "A: {seen_a}");
-    assert!(flushed.iter().all(|w| w.status == "WrFlushError"), "{flushed:?}");
+    assert!(
+        flushed.iter().all(|w| w.status == "WrFlushError"),
+        "{flushed:?}"
+    );
     drop(proxy);
     for g in [&mut a, &mut b] {
         g.cmd("drop q0");
@@ -571,4 +611,257 @@ fn a_stalled_connection_fails_at_the_tcp_timeout() {
     }
     b.cmd("drop l");
     assert_no_leak(&mut hosts, base, vec![(true, a), (false, b)]);
+}
+
+fn tshark_present() -> bool {
+    Command::new("tshark")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Options of every tshark run (as `iwarp-proto/tests/tshark.rs`): the payloads are test
+/// patterns, so the heuristic ULP dissectors on iWARP payloads (RPC-over-RDMA, SMB Direct)
+/// are off — they would judge the pattern, not the framing.
+const TSHARK_OPTIONS: [&str; 7] = [
+    "-n",
+    "--disable-protocol",
+    "rpcordma",
+    "--disable-protocol",
+    "smb_direct",
+    "-o",
+    "tcp.check_checksum:TRUE",
+];
+
+/// `tshark -V` of a capture, one string per frame (index 0 = frame 1).
+fn dissect(path: &Path) -> Vec<String> {
+    let out = Command::new("tshark")
+        .args(TSHARK_OPTIONS)
+        .arg("-r")
+        .arg(path)
+        .arg("-V")
+        .output()
+        .expect("run tshark");
+    assert!(
+        out.status.success(),
+        "tshark: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut frames: Vec<String> = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        if line.starts_with("Frame ") && line.contains(" bytes on wire") {
+            frames.push(String::new());
+        }
+        if let Some(f) = frames.last_mut() {
+            f.push_str(line);
+            f.push('\n');
+        }
+    }
+    frames
+}
+
+/// Expert infos and malformed marks: (frame, severity, message).
+fn expert(path: &Path) -> Vec<(usize, String, String)> {
+    let out = Command::new("tshark")
+        .args(TSHARK_OPTIONS)
+        .arg("-r")
+        .arg(path)
+        .args([
+            "-T",
+            "fields",
+            "-e",
+            "frame.number",
+            "-e",
+            "_ws.expert.severity",
+        ])
+        .args(["-e", "_ws.expert.message", "-e", "_ws.malformed"])
+        .output()
+        .expect("run tshark");
+    assert!(out.status.success());
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| {
+            let c: Vec<&str> = line.split('\t').collect();
+            let (sev, msg, bad) = (c.get(1)?, c.get(2).unwrap_or(&""), c.get(3).unwrap_or(&""));
+            (!sev.is_empty() || !bad.is_empty()).then(|| {
+                (
+                    c[0].parse().unwrap(),
+                    sev.to_string(),
+                    format!("{msg} {bad}"),
+                )
+            })
+        })
+        .collect()
+}
+
+/// A run between the hosts through a recording proxy (MPA `crc` policy on both backends):
+/// SEND, WRITE and READ of 1 B, 4 KiB and 256 KiB each way, then a disconnect. Returns the
+/// capture of the one connection.
+fn recorded_run(crc: &str) -> Capture {
+    let hosts = TwoHosts::start_with_config(&config(crc));
+    let (mut a, mut b) = hosts.guests(GUEST.as_ref(), "bypass");
+    let ra = setup(&mut a, 2 * BIG);
+    let rb = setup(&mut b, 2 * BIG);
+    let listen: SocketAddr = b.cmd("listen l 0").parse().unwrap();
+    let proxy = Proxy::recording(listen).unwrap();
+    connect_one(&mut a, &mut b, "l", proxy.addr(), "q0");
+    for (i, size) in [1usize, 4096, 256 << 10].into_iter().enumerate() {
+        traffic(&mut a, &mut b, &rb, "q0", size, 40 + i as u64);
+        traffic(&mut b, &mut a, &ra, "q0", size, 80 + i as u64);
+    }
+    a.cmd("disconnect q0");
+    event(&mut b, "q0", "QpDisconnected");
+    // Both ends closed their streams: the proxy's connection ends (bounded wait).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while proxy.open_connections() > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the proxied connection stays open"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let chunks = proxy.recorded();
+    assert_eq!(proxy.accepted(), 1);
+    let mut cap = Capture::new();
+    let SocketAddr::V4(responder) = listen else {
+        panic!("B's listener is not IPv4: {listen}")
+    };
+    let initiator = SocketAddrV4::new(std::net::Ipv4Addr::new(127, 0, 0, 2), 40_000);
+    let left = cap.add_connection(&chunks, 0, initiator, responder);
+    assert_eq!(left, [0, 0], "the recorded streams end on a frame boundary");
+    cap
+}
+
+/// Skips (loudly) when tshark is missing and `VRDMA_SKIP_TSHARK=1`; fails when it is missing
+/// otherwise.
+fn need_tshark(test: &str) -> bool {
+    if tshark_present() {
+        return true;
+    }
+    if std::env::var("VRDMA_SKIP_TSHARK").as_deref() == Ok("1") {
+        eprintln!(
+            "\n!!!!! {test} DID NOT RUN: tshark is not installed and VRDMA_SKIP_TSHARK=1 !!!!!\n"
+        );
+        return false;
+    }
+    panic!(
+        "tshark not found: install it (`apt-get install tshark`, listed in \
+         scripts/host-packages.txt) or set VRDMA_SKIP_TSHARK=1 to skip this check"
+    );
+}
+
+/// A capture file removed when dropped.
+struct TempPcap(std::path::PathBuf);
+
+impl Drop for TempPcap {
+    fn drop(&mut self) {
+        if std::env::var_os("VRDMA_KEEP_PCAP").is_none() {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+}
+
+/// Checks a recorded run with tshark: every frame read, the MPA request and reply dissected,
+/// every FPDU `iwarp_mpa` + `iwarp_ddp_rdmap` with a good CRC (`crc`) or a zero, unchecked
+/// CRC field (not `crc`), no malformed frame, no expert error, warnings only on the MPA
+/// frames (Wireshark calls the Enhanced flag reserved); SEND, WRITE, Read Request and Read
+/// Response all present.
+fn check_with_tshark(cap: &Capture, crc: bool, name: &str) {
+    let path = TempPcap(std::env::temp_dir().join(format!(
+        "vrdma-interhost-{}-{name}.pcap",
+        std::process::id()
+    )));
+    std::fs::write(&path.0, cap.bytes()).unwrap();
+    let frames = dissect(&path.0);
+    assert_eq!(frames.len(), cap.frames.len(), "tshark read every frame");
+    let fpdus = cap.count(Unit::Fpdu);
+    assert!(fpdus > 20, "only {fpdus} FPDUs recorded");
+    let mut mpa = 0;
+    for &(n, unit, _, forward) in &cap.frames {
+        let f = &frames[n - 1];
+        match unit {
+            Unit::Mpa => {
+                mpa += 1;
+                let want = if forward {
+                    "Request frame header"
+                } else {
+                    "Reply frame header"
+                };
+                assert!(f.contains(want), "frame {n}: no {want}:\n{f}");
+            }
+            Unit::Fpdu => {
+                assert!(
+                    f.contains("iwarp_mpa") && f.contains("iwarp_ddp_rdmap"),
+                    "frame {n} is not dissected as an FPDU:\n{f}"
+                );
+                assert!(
+                    !f.contains("Bad CRC32") && !f.contains("Malformed"),
+                    "frame {n}:\n{f}"
+                );
+                if crc {
+                    assert!(f.contains("(Good CRC32)"), "frame {n}: no good CRC:\n{f}");
+                } else {
+                    assert!(
+                        f.contains("CRC: 0x00000000") && !f.contains("CRC32"),
+                        "frame {n} (CRC off):\n{f}"
+                    );
+                }
+            }
+            Unit::Handshake => {}
+            Unit::Partial => panic!("frame {n} is a partial frame"),
+        }
+    }
+    assert_eq!(mpa, 2, "one MPA request and one reply");
+    let all = frames.concat();
+    for op in [
+        "Write (0x0)",
+        "Read Request (0x1)",
+        "Read Response (0x2)",
+        "Send (0x3)",
+    ] {
+        assert!(
+            all.contains(&format!("OpCode: {op}")),
+            "no {op} in the capture"
+        );
+    }
+    let mpa_frames: Vec<usize> = cap
+        .frames
+        .iter()
+        .filter(|f| f.1 == Unit::Mpa)
+        .map(|f| f.0)
+        .collect();
+    for (frame, sev, msg) in expert(&path.0) {
+        assert!(
+            sev != "Error" && !msg.contains("Malformed"),
+            "frame {frame}: {sev} {msg}"
+        );
+        if sev == "Warning" {
+            assert!(mpa_frames.contains(&frame), "frame {frame}: warning {msg}");
+        }
+    }
+    eprintln!(
+        "{name}: {} frames, {fpdus} FPDUs dissected clean by tshark",
+        frames.len()
+    );
+}
+
+/// Wireshark on real traffic, CRC on (both backends offer it): the proxy in front of B's
+/// listener records both directions of a run; as a pcap, tshark reads every FPDU with
+/// "Good CRC32" and nothing malformed.
+#[test]
+fn tshark_reads_recorded_traffic_with_good_crc() {
+    if need_tshark("tshark_reads_recorded_traffic_with_good_crc") {
+        let cap = recorded_run("offer");
+        check_with_tshark(&cap, true, "crc");
+    }
+}
+
+/// The same with CRC off (both backends decline it, siw's default): every FPDU dissects clean,
+/// its CRC field zero and not checked.
+#[test]
+fn tshark_reads_recorded_traffic_without_crc() {
+    if need_tshark("tshark_reads_recorded_traffic_without_crc") {
+        let cap = recorded_run("decline");
+        check_with_tshark(&cap, false, "nocrc");
+    }
 }

@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use vrdma::{
-    AccessFlags, AsyncEvent, CompletionQueue, Context, ConnRequest, Listener, MemoryRegion, Mode,
+    AccessFlags, AsyncEvent, CompletionQueue, ConnRequest, Context, Listener, MemoryRegion, Mode,
     ProtectionDomain, QueuePair, RemoteMr, WorkCompletion,
 };
 
