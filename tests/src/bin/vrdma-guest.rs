@@ -382,7 +382,7 @@ impl Guest {
                     let new = self.ctx()?.async_events()?;
                     self.events.extend(new);
                     let kinds = seen(&self.events);
-                    if kinds.iter().any(|k| *k == kind) {
+                    if kinds.contains(&kind) {
                         return Ok(kinds.join(","));
                     }
                     if Instant::now() >= deadline {
