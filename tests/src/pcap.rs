@@ -31,6 +31,8 @@ pub struct Capture {
     bytes: Vec<u8>,
     /// (frame number from 1, what it is, connection, initiator → responder).
     pub frames: Vec<(usize, Unit, u64, bool)>,
+    /// Where each frame's TCP payload starts in the file (index 0 = frame 1).
+    payload_at: Vec<usize>,
 }
 
 fn checksum(chunks: &[&[u8]]) -> u16 {
@@ -93,6 +95,7 @@ impl Capture {
         Capture {
             bytes,
             frames: Vec::new(),
+            payload_at: Vec::new(),
         }
     }
 

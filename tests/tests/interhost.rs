@@ -865,3 +865,24 @@ fn tshark_reads_recorded_traffic_without_crc() {
         check_with_tshark(&cap, false, "nocrc");
     }
 }
+
+/// One `QpDisconnected` per end for one disconnect (rdma_cm's one DISCONNECTED event; the
+/// data path's own rule, "QpDisconnected once"): the end that disconnects and the peer each
+/// see exactly one, however long they look after it.
+#[test]
+fn a_disconnect_is_reported_once_at_each_end() {
+    let hosts = TwoHosts::start_with_config(&config("offer"));
+    let (mut a, mut b) = hosts.guests(GUEST.as_ref(), "bypass");
+    setup(&mut a, 4 * MIB);
+    setup(&mut b, 4 * MIB);
+    connect(&mut a, &mut b, 1, None);
+    b.cmd("disconnect q0");
+    event(&mut b, "q0", "QpDisconnected");
+    event(&mut a, "q0", "QpDisconnected");
+    std::thread::sleep(Duration::from_secs(1));
+    for (end, g) in [("B (disconnecting)", &mut b), ("A (peer)", &mut a)] {
+        let seen = event(g, "q0", "QpDisconnected");
+        let n = seen.split(',').filter(|k| *k == "QpDisconnected").count();
+        assert_eq!(n, 1, "{end} saw {seen}");
+    }
+}
