@@ -166,7 +166,16 @@ impl Capture {
             .extend_from_slice(&(frame.len() as u32).to_le_bytes());
         self.bytes
             .extend_from_slice(&(frame.len() as u32).to_le_bytes());
+        self.payload_at.push(self.bytes.len() + 14 + 20 + 20);
         self.bytes.extend_from_slice(&frame);
+    }
+
+    /// The capture with the byte at `offset` of frame `frame`'s TCP payload XORed with 0xff
+    /// (the TCP checksum left as it was: what a bad CRC must catch, not TCP).
+    pub fn with_flipped(&self, frame: usize, offset: usize) -> Vec<u8> {
+        let mut b = self.bytes.clone();
+        b[self.payload_at[frame - 1] + offset] ^= 0xff;
+        b
     }
 
     /// Adds connection `conn` of `chunks` (a proxy's recording; other connections' chunks are

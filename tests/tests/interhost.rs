@@ -843,6 +843,35 @@ fn check_with_tshark(cap: &Capture, crc: bool, name: &str) {
         "{name}: {} frames, {fpdus} FPDUs dissected clean by tshark",
         frames.len()
     );
+
+    // The check can fail: one byte flipped in the 10th FPDU (past its MPA length, inside
+    // every FPDU this run sends) is a bad CRC on that frame and no other (CRC on).
+    if crc {
+        let target = cap
+            .frames
+            .iter()
+            .filter(|f| f.1 == Unit::Fpdu)
+            .nth(9)
+            .unwrap()
+            .0;
+        let bad = TempPcap(path.0.with_extension("bad.pcap"));
+        std::fs::write(&bad.0, cap.with_flipped(target, 21)).unwrap();
+        let frames = dissect(&bad.0);
+        for &(n, unit, _, _) in &cap.frames {
+            if unit == Unit::Fpdu {
+                let f = &frames[n - 1];
+                let want = if n == target {
+                    "Bad CRC32"
+                } else {
+                    "(Good CRC32)"
+                };
+                assert!(
+                    f.contains(want),
+                    "flipped frame {target}: frame {n} has no {want}:\n{f}"
+                );
+            }
+        }
+    }
 }
 
 /// Wireshark on real traffic, CRC on (both backends offer it): the proxy in front of B's
