@@ -35,6 +35,7 @@ use xen_platform::sim::{sock, SimControl, SimHost, SimHostConfig};
 use xen_platform::{DomId, ENV_SIM_DIR, ENV_SIM_DOMID};
 use xenstore_proto::client::Client;
 
+pub mod pcap;
 pub mod procstat;
 pub mod proxy;
 

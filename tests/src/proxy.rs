@@ -14,6 +14,10 @@
 //! Offsets and counts are of the connection's byte stream in that direction from its first
 //! byte (for iWARP: the MPA request or reply included), per connection.
 //!
+//! [`Proxy::recording`] (or [`Proxy::start_recording`] with a fault) also keeps every byte it
+//! forwards, per connection and direction in forwarding order ([`Proxy::recorded`]), for a
+//! capture file ([`crate::pcap`]).
+//!
 //! [`Proxy::cut`] resets every open connection at once (a cable cut mid-transfer, whatever the
 //! fault). [`Proxy::in_front_of`] listens on the target's own address (another port), so the
 //! side that connects still talks to the target's host address.
@@ -61,6 +65,15 @@ pub enum Dir {
     FromTarget,
 }
 
+/// Bytes the proxy forwarded in one piece (when recording).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chunk {
+    /// The connection (0 for the first accepted, counting up).
+    pub conn: u64,
+    pub dir: Dir,
+    pub bytes: Vec<u8>,
+}
+
 /// A running proxy. Dropping it closes every connection and joins every thread.
 pub struct Proxy {
     addr: SocketAddr,
@@ -81,6 +94,8 @@ struct Shared {
     forwarded: [AtomicU64; 2],
     /// Proxy threads running (counted before they start, uncounted as they end).
     live: AtomicU64,
+    /// What was forwarded, when recording.
+    record: Option<Mutex<Vec<Chunk>>>,
 }
 
 /// One proxied connection: the accepted socket and the one to the target.
@@ -89,6 +104,8 @@ struct Conn {
     inner: TcpStream,
     /// Bytes seen in the fault's direction (forwarded or not).
     counted: Mutex<u64>,
+    /// Its number, in accepting order.
+    id: u64,
     /// Set once the fault fired (reset or stall), or the connection ended.
     reset: AtomicBool,
     stalled: AtomicBool,
@@ -105,6 +122,39 @@ impl Proxy {
         fault: Fault,
         dir: Dir,
     ) -> io::Result<Proxy> {
+        Proxy::launch(listen_ip, target, fault, dir, false)
+    }
+
+    /// [`Proxy::start`], keeping every forwarded byte ([`Proxy::recorded`]).
+    pub fn start_recording(
+        listen_ip: IpAddr,
+        target: SocketAddr,
+        fault: Fault,
+        dir: Dir,
+    ) -> io::Result<Proxy> {
+        Proxy::launch(listen_ip, target, fault, dir, true)
+    }
+
+    /// A proxy in front of `target` (on its address) that forwards everything and records it.
+    pub fn recording(target: SocketAddr) -> io::Result<Proxy> {
+        Proxy::start_recording(target.ip(), target, Fault::Pass, Dir::ToTarget)
+    }
+
+    /// What was forwarded so far, in forwarding order (empty unless recording).
+    pub fn recorded(&self) -> Vec<Chunk> {
+        match &self.shared.record {
+            Some(r) => r.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+            None => Vec::new(),
+        }
+    }
+
+    fn launch(
+        listen_ip: IpAddr,
+        target: SocketAddr,
+        fault: Fault,
+        dir: Dir,
+        record: bool,
+    ) -> io::Result<Proxy> {
         let listener = TcpListener::bind(SocketAddr::new(listen_ip, 0))?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
@@ -120,6 +170,7 @@ impl Proxy {
             fired: AtomicU64::new(0),
             live: AtomicU64::new(1),
             forwarded: [AtomicU64::new(0), AtomicU64::new(0)],
+            record: record.then(|| Mutex::new(Vec::new())),
         });
         let s = shared.clone();
         let acceptor = std::thread::Builder::new()
@@ -269,6 +320,7 @@ fn start_conn(s: &Arc<Shared>, outer: TcpStream, inner: TcpStream) -> io::Result
         c.set_write_timeout(Some(WRITE_TIMEOUT))?;
     }
     let conn = Arc::new(Conn {
+        id: s.accepted.load(Ordering::SeqCst),
         outer,
         inner,
         counted: Mutex::new(0),
@@ -398,6 +450,14 @@ fn pump(s: &Shared, c: &Conn, dir: Dir) {
             }
         }
         if send > 0 {
+            // Recorded before it is written: what the target answers is recorded after it.
+            if let Some(r) = &s.record {
+                r.lock().unwrap_or_else(|e| e.into_inner()).push(Chunk {
+                    conn: c.id,
+                    dir,
+                    bytes: buf[..send].to_vec(),
+                });
+            }
             if to.write_all(&buf[..send]).is_err() {
                 c.reset_both();
                 break;

@@ -1,9 +1,9 @@
 //! Two complete simulated hosts on one machine (`vrdma_tests::TwoHosts`): each its own
 //! directory, hypervisor, XenStore and backend process, the backends at 127.0.0.2 and
-//! 127.0.0.3. Until guests can connect across hosts (issue 12's connection management and
-//! data path), this shows that the two run side by side without seeing each other: guests on
+//! 127.0.0.3. This shows that the two run side by side without seeing each other: guests on
 //! each host talk intra-host at the same time, the hosts' domain ids, XenStores and backends
-//! are their own, and killing one host's backend leaves the other's guests working.
+//! are their own, and killing one host's backend leaves the other's guests working. Guests of
+//! the two hosts talking to each other (iWARP) are `interhost.rs`.
 
 use vrdma_tests::{backend_takes_address, Guest, Lab, TwoHosts, HOST_A_ADDR, HOST_B_ADDR};
 use xen_platform::DomId;

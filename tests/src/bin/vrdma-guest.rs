@@ -26,6 +26,15 @@
 //!                                        tests; prints "ok looping", then "err ..." when it fails)
 //! burst <qp> <mr> <len> <n>         -> ok            (n SENDs back to back)
 //! notifications                      -> ok <n>
+//! listen <name> <port> [backlog]     -> ok <addr:port>   (connection manager: a listener)
+//! accept <listener> <qp> <timeout_ms> [hex private]  -> ok <peer> <ird> <ord> <hex peer private>
+//! reject <listener> <timeout_ms> [hex private]       -> ok <peer>
+//! connect_to <qp> <ip:port> <timeout_ms> [hex private] -> ok <ird> <ord> <hex peer private>
+//!                                       (err rejected|unreachable|timeout|lost: <message>)
+//! disconnect <qp>                    -> ok
+//! event <qp> <Kind> <timeout_ms>     -> ok <kinds seen for qp>  (waits for an async event of
+//!                                       that kind on the QP, e.g. QpDisconnected, QpFatal)
+//! events                             -> ok <Kind:handle:detail>;...  (every event seen so far)
 //! drop <name>                        -> ok
 //! exit                               -> ok (then exits)
 //! ```
@@ -37,8 +46,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use vrdma::{
-    AccessFlags, CompletionQueue, Context, MemoryRegion, Mode, ProtectionDomain, QueuePair,
-    RemoteMr, WorkCompletion,
+    AccessFlags, AsyncEvent, CompletionQueue, ConnRequest, Context, Listener, MemoryRegion, Mode,
+    ProtectionDomain, QueuePair, RemoteMr, WorkCompletion,
 };
 
 #[derive(Default)]
@@ -48,6 +57,9 @@ struct Guest {
     cqs: HashMap<String, CompletionQueue>,
     qps: HashMap<String, QueuePair>,
     mrs: HashMap<String, MemoryRegion>,
+    listeners: HashMap<String, Listener>,
+    /// Every asynchronous event taken from the context so far, in order.
+    events: Vec<AsyncEvent>,
 }
 
 /// The byte at index `i` of pattern `seed`.
@@ -72,6 +84,25 @@ fn num<T: std::str::FromStr>(a: &[&str], i: usize) -> Result<T> {
         .ok_or_else(|| anyhow!("missing argument {i}"))?
         .parse()
         .map_err(|_| anyhow!("argument {i} ({:?}) is not a number", a[i]))
+}
+
+fn to_hex(b: &[u8]) -> String {
+    if b.is_empty() {
+        return "-".into();
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The CM error's class first, for the tests to match on.
+fn cm_error(e: vrdma::Error) -> anyhow::Error {
+    let class = match &e {
+        vrdma::Error::ConnectRejected { .. } => "rejected",
+        vrdma::Error::Unreachable { .. } => "unreachable",
+        vrdma::Error::Timeout { .. } => "timeout",
+        vrdma::Error::ConnectionLost { .. } => "lost",
+        _ => "failed",
+    };
+    anyhow!("{class}: {e}")
 }
 
 fn hex(s: &str) -> Result<Vec<u8>> {
@@ -284,10 +315,97 @@ impl Guest {
                 Ok(String::new())
             }
             "notifications" => Ok(self.ctx()?.notifications_sent().to_string()),
+            "listen" => {
+                let backlog = if a.len() > 3 { num(a, 3)? } else { 0 };
+                let l = self.ctx()?.listen(num(a, 2)?, backlog)?;
+                let addr = l.local_addr();
+                self.listeners.insert(a[1].into(), l);
+                Ok(addr.to_string())
+            }
+            "accept" | "reject" => {
+                let t: u64 = num(a, if a[0] == "accept" { 3 } else { 2 })?;
+                let private = match a.get(if a[0] == "accept" { 4 } else { 3 }) {
+                    Some(h) => hex(h)?,
+                    None => Vec::new(),
+                };
+                let l = self.listeners.get(a[1]).context("no listener")?;
+                let req: ConnRequest = l
+                    .get_request(Some(Duration::from_millis(t)))
+                    .map_err(cm_error)?;
+                let peer = req.peer();
+                if a[0] == "reject" {
+                    req.reject(&private)?;
+                    return Ok(peer.to_string());
+                }
+                let qp = self.qps.get_mut(a[2]).context("no QP")?;
+                let info = req.accept(qp, &private).map_err(cm_error)?;
+                Ok(format!(
+                    "{peer} {} {} {}",
+                    info.ird,
+                    info.ord,
+                    to_hex(&info.private_data)
+                ))
+            }
+            "connect_to" => {
+                let peer: std::net::SocketAddr = a.get(2).context("address")?.parse()?;
+                let t: u64 = num(a, 3)?;
+                let private = match a.get(4) {
+                    Some(h) => hex(h)?,
+                    None => Vec::new(),
+                };
+                let qp = self.qps.get_mut(a[1]).context("no QP")?;
+                let info = qp
+                    .connect_to(peer, &private, Duration::from_millis(t))
+                    .map_err(cm_error)?;
+                Ok(format!(
+                    "{} {} {}",
+                    info.ird,
+                    info.ord,
+                    to_hex(&info.private_data)
+                ))
+            }
+            "disconnect" => {
+                self.qp(a[1])?.disconnect()?;
+                Ok(String::new())
+            }
+            "event" => {
+                let handle = self.qps.get(a[1]).context("no QP")?.handle();
+                let kind = a.get(2).context("event kind")?.to_string();
+                let deadline = Instant::now() + Duration::from_millis(num(a, 3)?);
+                let seen = |evs: &[AsyncEvent]| -> Vec<String> {
+                    evs.iter()
+                        .filter(|e| e.handle == handle)
+                        .map(|e| format!("{:?}", e.kind))
+                        .collect()
+                };
+                loop {
+                    let new = self.ctx()?.async_events()?;
+                    self.events.extend(new);
+                    let kinds = seen(&self.events);
+                    if kinds.contains(&kind) {
+                        return Ok(kinds.join(","));
+                    }
+                    if Instant::now() >= deadline {
+                        bail!("no {kind} on QP {handle}; seen: {}", kinds.join(","));
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+            "events" => {
+                let new = self.ctx()?.async_events()?;
+                self.events.extend(new);
+                Ok(self
+                    .events
+                    .iter()
+                    .map(|e| format!("{:?}:{}:{}", e.kind, e.handle, e.detail))
+                    .collect::<Vec<_>>()
+                    .join(";"))
+            }
             "drop" => {
                 let n = a[1];
                 let found = self.qps.remove(n).is_some()
                     | self.mrs.remove(n).is_some()
+                    | self.listeners.remove(n).is_some()
                     | self.cqs.remove(n).is_some();
                 if !found {
                     bail!("nothing named {n}");
