@@ -41,6 +41,16 @@ run() {
 run smoke
 run platform "$BIN/xs-probe" "$BIN/platform-probe" "$BIN/xen-platform-real-xen-tests"
 run split "$BIN/vrdma-backend" "$BIN/vrdmactl" "$BIN/vrdma-guest" "$BIN/vrdma-perf"
+# Linux siw in dom0 (built from Debian's linux-source, cached): stock rdma-core tools over siw,
+# and a vrdma guest against stock rping on siw in both directions, CRC off and on, every capture
+# checked by Wireshark's dissectors and our codec (run-siw.sh; about 6 minutes).
+echo "=== xen-lab scenario siw (run-siw.sh)"
+if "$HERE/run-siw.sh" > "$ROOT/target/xen-lab/last-siw-all.out" 2>&1; then
+    grep -E 'run-lab: siw|vrdma' "$ROOT/target/xen-lab/last-siw-all.out" | tail -n 6
+else
+    tail -n 80 "$ROOT/target/xen-lab/last-siw-all.out"
+    fail=1
+fi
 # Not here: the perf scenario (vrdma against TCP and libxenvchan) measures for several minutes;
 # it is opt-in, tests/xen-lab/run-perf.sh.
 exit $fail

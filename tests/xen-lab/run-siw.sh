@@ -1,7 +1,7 @@
 #!/bin/bash
-# run-siw.sh: the Xen lab's Linux-siw scenario (opt-in: it needs siw built from Debian's
-# linux-source, a 140 MB download and the lab kernel's headers on the host, so
-# scripts/test-all.sh does not run it). Builds the images (or reuses them), siw.ko and
+# run-siw.sh: the Xen lab's Linux-siw scenario (run by run-all.sh, the test command's lab lane;
+# it needs siw built from Debian's linux-source, a 140 MB download, and the lab kernel's
+# headers on the host, which build-siw.sh installs). Builds the images (or reuses them), siw.ko and
 # siw-crc.ko (build-siw.sh, cached), boots the `siw` scenario — stock rdma-core tools over siw
 # in dom0, CRC off and on, captured with tcpdump — and copies the captures to
 # $LAB_BUILD/siw-captures/. With tshark on the host, checks that Wireshark's own iWARP
