@@ -355,7 +355,7 @@ pub struct ibv_context {
 }
 
 #[repr(C)]
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub struct ibv_device_attr {
     pub fw_ver: [c_char; 64],
     /// `__be64`.
