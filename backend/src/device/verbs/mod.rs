@@ -268,6 +268,13 @@ impl Context {
         self.inner.ctx.as_ptr()
     }
 
+    /// The device's `ibv_transport_type` (`IBV_TRANSPORT_IB` also for RoCE).
+    pub fn transport_type(&self) -> i32 {
+        // SAFETY: a live context's `device` points at the ibv_device libibverbs keeps while
+        // the context is open; reading a plain int field.
+        unsafe { (*(*self.raw()).device).transport_type }
+    }
+
     /// The file descriptor of the context's async events (`ibv_get_async_event` reads it).
     pub fn async_fd(&self) -> RawFd {
         // SAFETY: a live context; reading a plain int field.

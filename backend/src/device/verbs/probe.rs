@@ -237,6 +237,13 @@ pub fn self_test(
     port: u8,
     gid_index: Option<i32>,
 ) -> Result<SelfTestReport, VerbsError> {
+    if ctx.transport_type() == IBV_TRANSPORT_IWARP {
+        return Err(VerbsError::Invalid(format!(
+            "{} is an iWARP device: its QPs are connected through rdma_cm, not by address \
+             vector, so the loopback self-test does not apply",
+            ctx.name()
+        )));
+    }
     let pattr = ctx.query_port(port)?;
     if pattr.state != IBV_PORT_ACTIVE {
         return Err(VerbsError::Invalid(format!(
