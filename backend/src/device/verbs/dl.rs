@@ -230,7 +230,7 @@ pub(crate) unsafe fn poll_cq_raw(cq: *mut ibv_cq, wc: &mut [ibv_wc]) -> Result<u
     if rc < 0 {
         return Err(VerbsError::Call {
             op: "ibv_poll_cq",
-            source: std::io::Error::from_raw_os_error(-rc),
+            cause: std::io::Error::from_raw_os_error(-rc),
         });
     }
     Ok((rc as usize).min(wc.len()))
@@ -252,7 +252,7 @@ pub(crate) unsafe fn req_notify_cq_raw(
     if rc != 0 {
         return Err(VerbsError::Call {
             op: "ibv_req_notify_cq",
-            source: rc_error(rc),
+            cause: rc_error(rc),
         });
     }
     Ok(())
@@ -285,7 +285,7 @@ pub(crate) unsafe fn post_send_raw(
             index,
             VerbsError::Call {
                 op: "ibv_post_send",
-                source: rc_error(rc),
+                cause: rc_error(rc),
             },
         ));
     }
@@ -317,7 +317,7 @@ pub(crate) unsafe fn post_recv_raw(
             index,
             VerbsError::Call {
                 op: "ibv_post_recv",
-                source: rc_error(rc),
+                cause: rc_error(rc),
             },
         ));
     }

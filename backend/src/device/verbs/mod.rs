@@ -52,11 +52,12 @@ pub enum VerbsError {
         symbol: &'static str,
         reason: String,
     },
-    #[error("{op} failed: {source}")]
+    /// `cause` is in the message (not a `source()`, so an error chain does not print it
+    /// twice).
+    #[error("{op} failed: {cause}")]
     Call {
         op: &'static str,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error("no RDMA device named {name:?} (libibverbs sees: {seen})")]
     NoSuchDevice { name: String, seen: String },
@@ -68,13 +69,13 @@ pub enum VerbsError {
 
 impl VerbsError {
     fn call(op: &'static str, source: std::io::Error) -> VerbsError {
-        VerbsError::Call { op, source }
+        VerbsError::Call { op, cause: source }
     }
 
     /// The errno of a failed libibverbs call.
     pub fn errno(&self) -> Option<i32> {
         match self {
-            VerbsError::Call { source, .. } => source.raw_os_error(),
+            VerbsError::Call { cause, .. } => cause.raw_os_error(),
             _ => None,
         }
     }

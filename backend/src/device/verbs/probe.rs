@@ -517,7 +517,7 @@ fn wait_channel(channel: &super::CompChannel, cq: &Cq) -> Result<(), VerbsError>
     let fd = channel.fd().as_raw_fd();
     let mut poll = mio::Poll::new().map_err(|e| VerbsError::Call {
         op: "epoll_create",
-        source: e,
+        cause: e,
     })?;
     poll.registry()
         .register(
@@ -527,13 +527,13 @@ fn wait_channel(channel: &super::CompChannel, cq: &Cq) -> Result<(), VerbsError>
         )
         .map_err(|e| VerbsError::Call {
             op: "epoll_ctl",
-            source: e,
+            cause: e,
         })?;
     let mut events = mio::Events::with_capacity(1);
     poll.poll(&mut events, Some(TIMEOUT))
         .map_err(|e| VerbsError::Call {
             op: "epoll_wait",
-            source: e,
+            cause: e,
         })?;
     if events.is_empty() {
         return Err(VerbsError::Invalid(format!(

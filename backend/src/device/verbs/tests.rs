@@ -193,3 +193,26 @@ fn gid_strings() {
     let g = abi::ibv_gid { raw };
     assert_eq!(gid_string(&g), "fe80:0000:0000:0000:0000:0000:0000:0001");
 }
+
+/// A failed verb says its errno once: in the message, not again as the error's source (an
+/// anyhow chain printed with `{:#}` showed "Invalid argument" twice before).
+#[test]
+fn call_errors_state_the_errno_once() {
+    let e = VerbsError::call("ibv_query_port", std::io::Error::from_raw_os_error(22));
+    assert_eq!(e.errno(), Some(22));
+    assert!(std::error::Error::source(&e).is_none());
+    let chain = anyhow_like(&e);
+    assert_eq!(chain.matches("os error 22").count(), 1, "{chain}");
+}
+
+/// The message followed by each source's, as anyhow's `{:#}` prints an error chain.
+fn anyhow_like(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
