@@ -228,10 +228,7 @@ pub(crate) unsafe fn poll_cq_raw(cq: *mut ibv_cq, wc: &mut [ibv_wc]) -> Result<u
     // SAFETY: the provider's poll_cq writes at most `n` entries into `wc`, which has `n`.
     let rc = unsafe { op(cq, n, wc.as_mut_ptr()) };
     if rc < 0 {
-        return Err(VerbsError::Call {
-            op: "ibv_poll_cq",
-            cause: std::io::Error::from_raw_os_error(-rc),
-        });
+        return Err(VerbsError::PollFailed(rc));
     }
     Ok((rc as usize).min(wc.len()))
 }

@@ -61,6 +61,10 @@ pub enum VerbsError {
     },
     #[error("no RDMA device named {name:?} (libibverbs sees: {seen})")]
     NoSuchDevice { name: String, seen: String },
+    /// `ibv_poll_cq` returned a negative value: providers return -1 (or their own negative
+    /// codes), not an errno, so the value is kept as it is.
+    #[error("ibv_poll_cq failed (the provider returned {0})")]
+    PollFailed(i32),
     #[error("the device's provider leaves ibv_context_ops.{0} empty")]
     MissingOp(&'static str),
     #[error("{0}")]
