@@ -80,6 +80,7 @@ pub mod platform;
 mod soft;
 mod stats;
 pub mod testkit;
+pub mod verbs;
 mod waker;
 
 #[cfg(test)]
