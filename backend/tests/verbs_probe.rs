@@ -79,3 +79,40 @@ fn self_test_on_an_unknown_device_fails_naming_it() {
         "{stderr}"
     );
 }
+
+fn backend() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_vrdma-backend"))
+}
+
+#[test]
+fn backend_verbs_device_without_the_library_names_the_packages() {
+    let out = backend()
+        .args(["--device", "verbs:rxe0"])
+        .env(
+            "VRDMA_LIBIBVERBS",
+            "/nonexistent/vrdma-test/libibverbs.so.1",
+        )
+        .env_remove("VRDMA_SIM")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("libibverbs1"), "{stderr}");
+    assert!(stderr.contains("ibverbs-providers"), "{stderr}");
+}
+
+#[test]
+fn backend_verbs_device_that_does_not_exist_is_named() {
+    let out = backend()
+        .args(["--device", "verbs:vrdma_no_such_dev0:1"])
+        .env_remove("VRDMA_LIBIBVERBS")
+        .env_remove("VRDMA_SIM")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("vrdma_no_such_dev0"), "{stderr}");
+    let bad = backend().args(["--device", "verbs:x:0"]).output().unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("not 1..=255"));
+}

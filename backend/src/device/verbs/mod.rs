@@ -20,8 +20,10 @@
 //!
 //! [`probe`] lists the devices and runs a loopback self-test (`vrdmactl verbs-probe`).
 
+mod device;
 mod dl;
 pub mod probe;
+mod relay;
 
 use std::ffi::{c_int, c_void};
 use std::os::fd::{BorrowedFd, RawFd};
@@ -29,6 +31,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
+pub use device::{attrs_of, VerbsDevice};
 pub use dl::{VerbsLib, LIBIBVERBS_ENV, LIBIBVERBS_SONAME};
 pub use verbs_abi::verbs as abi;
 

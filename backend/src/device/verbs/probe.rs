@@ -244,34 +244,8 @@ pub fn self_test(
             ctx.name()
         )));
     }
-    let pattr = ctx.query_port(port)?;
-    if pattr.state != IBV_PORT_ACTIVE {
-        return Err(VerbsError::Invalid(format!(
-            "{} port {port} is {}, not ACTIVE",
-            ctx.name(),
-            port_state_str(pattr.state)
-        )));
-    }
-    let gid_index = match gid_index {
-        Some(i) => Some(i),
-        None if pattr.link_layer == IBV_LINK_LAYER_ETHERNET => {
-            let mut found = None;
-            for i in 0..pattr.gid_tbl_len.clamp(0, 256) {
-                if matches!(ctx.query_gid(port, i), Ok(g) if g.raw() != [0; 16]) {
-                    found = Some(i);
-                    break;
-                }
-            }
-            Some(found.ok_or_else(|| {
-                VerbsError::Invalid(format!("{} port {port} has no GID", ctx.name()))
-            })?)
-        }
-        None => None,
-    };
-    let gid = match gid_index {
-        Some(i) => Some(ctx.query_gid(port, i)?),
-        None => None,
-    };
+    let av = port_av(ctx, port, gid_index)?;
+    let gid_index = av.gid_index;
 
     // Buffers first: they must outlive the MRs (locals drop in reverse order).
     let buf_a = DmaBuf::new(2 * MSG);
@@ -300,13 +274,10 @@ pub fn self_test(
     };
     let qp_a = pd.create_qp(&cq_a, &cq_a, init)?;
     let qp_b = pd.create_qp(&cq_b, &cq_b, init)?;
-    let mtu = pattr.active_mtu.min(IBV_MTU_1024);
-    connect(
-        &qp_a, &qp_b, port, pattr.lid, gid_index, gid, mtu, 0x1111, 0x2222,
-    )?;
-    connect(
-        &qp_b, &qp_a, port, pattr.lid, gid_index, gid, mtu, 0x2222, 0x1111,
-    )?;
+    to_init(&qp_a, port)?;
+    to_init(&qp_b, port)?;
+    to_rts(&qp_a, qp_b.qp_num(), &av, 0x1111, 0x2222)?;
+    to_rts(&qp_b, qp_a.qp_num(), &av, 0x2222, 0x1111)?;
 
     // RDMA WRITE: A[0..MSG] -> B[0..MSG].
     let pattern: Vec<u8> = (0..MSG).map(|i| (i * 7 + 3) as u8).collect();
@@ -392,19 +363,63 @@ pub fn self_test(
     Ok(report)
 }
 
-/// RESET → INIT → RTR → RTS for `qp`, addressed at `peer` on the same port.
-#[allow(clippy::too_many_arguments)]
-fn connect(
-    qp: &Qp,
-    peer: &Qp,
+/// How QPs on a port address a peer on the same port: its GID (RoCE) or LID (InfiniBand).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PortAv {
+    pub port: u8,
+    pub lid: u16,
+    pub gid_index: Option<i32>,
+    pub gid: Option<ibv_gid>,
+    /// The path MTU QPs use (the port's active MTU, at most 1024).
+    pub mtu: u32,
+}
+
+/// The address of `port` of `ctx` (ACTIVE): its GID at `gid_index`, or the first non-zero one
+/// on RoCE; its LID on InfiniBand.
+pub(crate) fn port_av(
+    ctx: &Context,
     port: u8,
-    lid: u16,
     gid_index: Option<i32>,
-    gid: Option<ibv_gid>,
-    mtu: u32,
-    my_psn: u32,
-    peer_psn: u32,
-) -> Result<(), VerbsError> {
+) -> Result<PortAv, VerbsError> {
+    let pattr = ctx.query_port(port)?;
+    if pattr.state != IBV_PORT_ACTIVE {
+        return Err(VerbsError::Invalid(format!(
+            "{} port {port} is {}, not ACTIVE",
+            ctx.name(),
+            port_state_str(pattr.state)
+        )));
+    }
+    let gid_index = match gid_index {
+        Some(i) => Some(i),
+        None if pattr.link_layer == IBV_LINK_LAYER_ETHERNET => {
+            let mut found = None;
+            for i in 0..pattr.gid_tbl_len.clamp(0, 256) {
+                if matches!(ctx.query_gid(port, i), Ok(g) if g.raw() != [0; 16]) {
+                    found = Some(i);
+                    break;
+                }
+            }
+            Some(found.ok_or_else(|| {
+                VerbsError::Invalid(format!("{} port {port} has no GID", ctx.name()))
+            })?)
+        }
+        None => None,
+    };
+    let gid = match gid_index {
+        Some(i) => Some(ctx.query_gid(port, i)?),
+        None => None,
+    };
+    Ok(PortAv {
+        port,
+        lid: pattr.lid,
+        gid_index,
+        gid,
+        mtu: pattr.active_mtu.min(IBV_MTU_1024),
+    })
+}
+
+/// RESET → INIT on `port` with local write and remote read/write access.
+pub(crate) fn to_init(qp: &Qp, port: u8) -> Result<(), VerbsError> {
     let init = ibv_qp_attr {
         qp_state: IBV_QPS_INIT,
         pkey_index: 0,
@@ -415,7 +430,18 @@ fn connect(
     qp.modify(
         &init,
         IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
-    )?;
+    )
+}
+
+/// INIT → RTR → RTS for `qp`, addressed at QP `peer_qpn` behind `av`.
+pub(crate) fn to_rts(
+    qp: &Qp,
+    peer_qpn: u32,
+    av: &PortAv,
+    my_psn: u32,
+    peer_psn: u32,
+) -> Result<(), VerbsError> {
+    let (port, lid, gid_index, gid, mtu) = (av.port, av.lid, av.gid_index, av.gid, av.mtu);
     let mut ah = ibv_ah_attr {
         dlid: lid,
         port_num: port,
@@ -431,7 +457,7 @@ fn connect(
     let rtr = ibv_qp_attr {
         qp_state: IBV_QPS_RTR,
         path_mtu: mtu,
-        dest_qp_num: peer.qp_num(),
+        dest_qp_num: peer_qpn,
         rq_psn: peer_psn,
         max_dest_rd_atomic: 1,
         min_rnr_timer: 12,
