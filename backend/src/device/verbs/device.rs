@@ -129,6 +129,9 @@ struct VCq {
     poller: Option<Mutex<CqPoller>>,
     slot: u32,
     users: std::sync::atomic::AtomicU32,
+    /// Requests posted whose completion goes to this CQ and has not been polled: kept below
+    /// the HCA CQ's capacity, so the HCA CQ never overflows (every send is signaled there).
+    inflight: std::sync::atomic::AtomicUsize,
 }
 
 /// The relay's state of one queue.
@@ -497,7 +500,11 @@ fn relay_queue(c: &VChan, q: &VQp, which: Queue) -> bool {
         }
     }
     loop {
-        if r.stalled.is_some() || r.pending.len() >= r.cap {
+        if r.stalled.is_some()
+            || r.pending.len() >= r.cap
+            || cq.inflight.load(Ordering::Relaxed)
+                >= usize::try_from(cq.hca.capacity()).unwrap_or(0)
+        {
             break;
         }
         let state = *lock(&q.state);
@@ -584,6 +591,7 @@ fn relay_queue(c: &VChan, q: &VQp, which: Queue) -> bool {
         };
         match posted {
             Ok(()) => {
+                cq.inflight.fetch_add(1, Ordering::Relaxed);
                 r.next_seq += 1;
                 r.pending.push_back(Pending {
                     seq,
@@ -626,6 +634,10 @@ fn drain_cq(c: &VChan, cq: &Arc<VCq>, qps: &[Arc<VQp>]) -> bool {
             return work;
         }
         work = true;
+        cq.inflight.fetch_sub(
+            n.min(cq.inflight.load(Ordering::Relaxed)),
+            Ordering::Relaxed,
+        );
         for wc in &wcs[..n] {
             let Some(q) = qps.iter().find(|q| q.num.0 == wc.qp_num) else {
                 continue; // a QP destroyed meanwhile
@@ -927,6 +939,7 @@ impl Device for VerbsDevice {
                 poller,
                 slot: s.doorbell_slot,
                 users: Default::default(),
+                inflight: Default::default(),
             }),
         );
         c.stats.acquire(Held::Cq);
