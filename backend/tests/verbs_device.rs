@@ -151,3 +151,55 @@ fn closing_channels_releases_everything() {
     let d = dev.domain_stats(vrdma_backend::device::DomId(3));
     assert_eq!((d.channels, d.pds, d.mrs, d.cqs, d.qps), (0, 0, 0, 0, 0));
 }
+
+#[test]
+fn qps_connect_by_address_vector_and_send() {
+    let Some(dev) = device() else { return };
+    let mut a = TestChannel::open(&dev, 4, ChannelMode::Bypass);
+    let mut b = TestChannel::open(&dev, 5, ChannelMode::Bypass);
+    let (mut acq, mut bcq) = (a.cq(&dev, 6), b.cq(&dev, 6));
+    let mut aqp = a.qp(&dev, &acq, &acq, 4);
+    let mut bqp = b.qp(&dev, &bcq, &bcq, 4);
+    let me = dev.local_av().expect("a verbs device has an address");
+    let av = |qpn: u32, psn: u32| vrdma_backend::device::RemoteAv {
+        gid: me.gid,
+        lid: me.lid,
+        qpn,
+        psn,
+    };
+    dev.connect_qp_av(a.id, aqp.num, av(bqp.num.0, 0x222), 0x111)
+        .expect("a → b");
+    dev.connect_qp_av(b.id, bqp.num, av(aqp.num.0, 0x111), 0x222)
+        .expect("b → a");
+    assert!(dev
+        .connect_qp_av(a.id, aqp.num, av(bqp.num.0, 0x222), 0x111)
+        .is_err());
+    let ma = a.mr(&dev, 4096, access::ALL);
+    let mb = b.mr(&dev, 4096, access::ALL);
+    ma.fill(0, b"by address vector");
+    bqp.post_recv(&dev, 5, &[mb.sge(0, 64)]);
+    aqp.post_send(&dev, &wqe(WqeOpcode::Send, 6, &[ma.sge(0, 17)], (0, 0), 0));
+    assert_eq!(acq.wait(&dev).status, CqeStatus::Success);
+    let c = bcq.wait(&dev);
+    assert_eq!((c.wr_id, c.status, c.byte_len), (5, CqeStatus::Success, 17));
+    assert_eq!(mb.read(0, 17), b"by address vector");
+}
+
+#[test]
+fn the_software_device_has_no_address_vectors() {
+    let dev = vrdma_backend::device::SoftDevice::new(EngineConfig::default()).unwrap();
+    let mut a = TestChannel::open(&dev, 1, ChannelMode::Bypass);
+    let cq = a.cq(&dev, 4);
+    let qp = a.qp(&dev, &cq, &cq, 4);
+    assert_eq!(dev.local_av(), None);
+    let av = vrdma_backend::device::RemoteAv {
+        gid: [0; 16],
+        lid: 0,
+        qpn: 1,
+        psn: 0,
+    };
+    assert!(matches!(
+        dev.connect_qp_av(a.id, qp.num, av, 0),
+        Err(vrdma_backend::device::DeviceError::NotSupported(_))
+    ));
+}

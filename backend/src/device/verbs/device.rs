@@ -46,8 +46,8 @@ use crate::device::stats::{ChanStats, Counters, Held};
 use crate::device::waker::EngineWaker;
 use crate::device::{
     default_attrs, ChannelId, ChannelMode, ChannelSetup, CqId, CqSetup, Device, DeviceError,
-    DeviceResult, DeviceStats, DomId, EngineConfig, MrHandle, MrKeys, MrSetup, Notifier, PdId,
-    QpNum, QpSetup, WorkQueue,
+    DeviceResult, DeviceStats, DomId, EngineConfig, LocalAv, MrHandle, MrKeys, MrSetup, Notifier,
+    PdId, QpNum, QpSetup, RemoteAv, WorkQueue,
 };
 
 /// The completion channel's token (the waker has `Token(0)`).
@@ -1184,6 +1184,68 @@ impl Device for VerbsDevice {
                 break;
             }
         }
+        self.inner.poke();
+        Ok(())
+    }
+
+    fn local_av(&self) -> Option<LocalAv> {
+        let av = self.inner.av;
+        Some(LocalAv {
+            gid: av.gid.map(|g| g.raw()).unwrap_or([0; 16]),
+            lid: av.lid,
+            port: av.port,
+        })
+    }
+
+    /// RTR/RTS towards `remote` through this device's port (RoCE: a global route from the
+    /// port's GID, hop limit 1). Partial: no per-domain check of the peer yet.
+    fn connect_qp_av(
+        &self,
+        ch: ChannelId,
+        qp: QpNum,
+        remote: RemoteAv,
+        local_psn: u32,
+    ) -> DeviceResult<()> {
+        if remote.psn > 0xff_ffff || local_psn > 0xff_ffff || remote.qpn > 0xff_ffff {
+            return Err(inval("PSNs and QP numbers are 24 bits"));
+        }
+        let c = self.inner.chan(ch)?;
+        let q = lock(&c.res).qps.get(&qp).cloned().ok_or(bad("QP", qp.0))?;
+        if !matches!(
+            *lock(&q.state),
+            QpState::Reset | QpState::Init | QpState::Rtr
+        ) {
+            return Err(DeviceError::ConnectionRefused(qp.0, "QP is not in Init"));
+        }
+        {
+            let mut p = lock(&q.peer);
+            if p.is_some() {
+                return Err(DeviceError::ConnectionRefused(
+                    qp.0,
+                    "QP is already connected",
+                ));
+            }
+            *p = Some(QpNum(remote.qpn));
+        }
+        let mut av = self.inner.av;
+        av.lid = remote.lid;
+        if av.gid.is_some() {
+            av.gid = Some(ibv_gid { raw: remote.gid });
+        }
+        if let Err(e) = to_rts(&q.hca, remote.qpn, &av, local_psn, remote.psn) {
+            tracing::warn!(qp = qp.0, "RTR/RTS by address vector: {e}");
+            fail_qp(&c, &q, false);
+            return Err(DeviceError::ConnectionRefused(
+                qp.0,
+                "the device refused the address vector",
+            ));
+        }
+        *lock(&q.state) = QpState::Rts;
+        c.post(&EventRepr {
+            kind: EventKind::QpEstablished,
+            handle: qp.0,
+            detail: u64::from(remote.qpn),
+        });
         self.inner.poke();
         Ok(())
     }
