@@ -237,6 +237,10 @@ struct Inner {
     tables: Mutex<Tables>,
     /// Mediated posts, kicks and control changes bump this so the relay looks again.
     poked: AtomicBool,
+    /// Guest CQs gone from their channel whose HCA CQ the relay destroys: `ibv_destroy_cq`
+    /// waits until every completion event the kernel reported for the CQ was acknowledged,
+    /// and only the relay reads the completion channel, so it drains the channel first.
+    graveyard: Mutex<Vec<Arc<VCq>>>,
 }
 
 /// The backend's device on a real RDMA device (issue 13; partial, see the module docs).
@@ -283,6 +287,7 @@ impl VerbsDevice {
             spin: config.spin,
             tables: Mutex::new(Tables::default()),
             poked: AtomicBool::new(false),
+            graveyard: Mutex::new(Vec::new()),
         });
         let run = inner.clone();
         let thread = std::thread::Builder::new()
@@ -321,6 +326,8 @@ impl Drop for VerbsDevice {
         for c in chans {
             self.close_channel(c);
         }
+        // The relay is gone: bury what it left (nothing holds the CQs any more).
+        self.inner.bury(&[]);
     }
 }
 
@@ -345,6 +352,7 @@ impl Inner {
         let mut idle_since = Instant::now();
         while !self.waker.stop.load(Ordering::SeqCst) {
             let chans: Vec<Arc<VChan>> = lock(&self.tables).channels.values().cloned().collect();
+            self.bury(&chans);
             self.poked.store(false, Ordering::SeqCst);
             let mut work = self.pass(&chans);
             if work {
@@ -384,10 +392,15 @@ impl Inner {
                         std::thread::sleep(Duration::from_millis(1));
                     }
                 }
-                // Drain the completion channel (non-blocking fd) and acknowledge.
-                let refs: Vec<&super::Cq> = cqs.iter().collect();
+                // Drain the completion channel (non-blocking fd) and acknowledge; CQs gone to
+                // the graveyard meanwhile may have an event too (they were armed).
+                let buried: Vec<super::Cq> = lock(&self.graveyard)
+                    .iter()
+                    .map(|c| c.hca.clone())
+                    .collect();
+                let refs: Vec<&super::Cq> = cqs.iter().chain(&buried).collect();
                 while self.comp.get_cq_event(&refs).is_ok() {}
-                for cq in &cqs {
+                for cq in &refs {
                     cq.ack_events();
                 }
             }
@@ -397,6 +410,43 @@ impl Inner {
             }
             idle_since = Instant::now();
         }
+    }
+
+    /// Destroys the HCA CQs of the graveyard that nothing else holds any more (their QPs are
+    /// gone, so no completion and no new event can come): drains the completion channel
+    /// (non-blocking), acknowledges every event, then drops them.
+    fn bury(&self, chans: &[Arc<VChan>]) {
+        let dead: Vec<Arc<VCq>> = {
+            let mut g = lock(&self.graveyard);
+            if g.is_empty() {
+                return;
+            }
+            let (dead, keep) = std::mem::take(&mut *g)
+                .into_iter()
+                .partition(|c| Arc::strong_count(c) == 1);
+            *g = keep;
+            dead
+        };
+        if dead.is_empty() {
+            return;
+        }
+        let live: Vec<super::Cq> = chans
+            .iter()
+            .flat_map(|c| {
+                lock(&c.res)
+                    .cqs
+                    .values()
+                    .map(|q| q.hca.clone())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let refs: Vec<&super::Cq> = live.iter().chain(dead.iter().map(|c| &c.hca)).collect();
+        while self.comp.get_cq_event(&refs).is_ok() {}
+        for cq in &refs {
+            cq.ack_events();
+        }
+        drop(refs);
+        drop(dead);
     }
 
     /// One pass over every channel: posts, then completions. Whether anything moved.
@@ -741,7 +791,9 @@ impl Device for VerbsDevice {
         } = res;
         drop(qps);
         drop(mrs);
-        drop(cqs);
+        // HCA CQs are destroyed by the relay (see `Inner::bury`); PDs once their QPs and MRs
+        // are gone (each holds its PD).
+        lock(&self.inner.graveyard).extend(cqs.into_values());
         drop(pds);
         self.inner.poke();
     }
@@ -954,9 +1006,12 @@ impl Device for VerbsDevice {
             return Err(DeviceError::Busy("completion queue"));
         }
         let slot = v.slot;
-        r.cqs.remove(&cq);
+        if let Some(v) = r.cqs.remove(&cq) {
+            lock(&self.inner.graveyard).push(v);
+        }
         r.slots.remove(&slot);
         drop(r);
+        self.inner.poke();
         c.stats.release(Held::Cq);
         lock(&self.inner.tables).cqs -= 1;
         Ok(())
