@@ -14,8 +14,9 @@
 //!   completion channel's fd.
 //!
 //! Partial (issue 13): connections are loopback pairs of QPs of this device
-//! ([`Device::connect_qp`], both on the same port); address vectors to remote peers and
-//! rdma_cm are not there yet (the `cm_*` calls answer `NotSupported`).
+//! ([`Device::connect_qp`]) or address vectors ([`Device::connect_qp_av`], not yet reachable
+//! from the control ring and not yet checked against the domain's allowed peers); rdma_cm is
+//! not there (the `cm_*` calls answer `NotSupported`).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::fd::AsRawFd;
