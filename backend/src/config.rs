@@ -4,6 +4,8 @@
 //! log-level = "info"          # tracing filter (RUST_LOG, when set, wins)
 //! engine-threads = 1          # software device engine threads
 //! spin-before-sleep-us = 200  # how long an idle engine polls before it sleeps
+//! device = "soft"             # "soft" (the software device), or "verbs:<ibdev>[:<port>]":
+//!                             # an RDMA device of this host through rdma-core (port 1 default)
 //!
 //! [quotas]                    # per guest device, when the backend node has no max-* key
 //! max-channels = 16
@@ -81,6 +83,51 @@ pub struct Config {
     pub address: Vec<IpAddr>,
     /// Connection management: per-domain quotas, allowed ports and peers.
     pub cm: CmSettings,
+    /// Which device serves the guests: `soft` or `verbs:<ibdev>[:<port>]` ([`DeviceChoice`]).
+    pub device: String,
+}
+
+/// The device the daemon drives (`device = ...`, `vrdma-backend --device ...`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceChoice {
+    /// The software device (iWARP over TCP between hosts).
+    Soft,
+    /// An RDMA device of this host through rdma-core's libibverbs.
+    Verbs { ibdev: String, port: u8 },
+}
+
+impl std::str::FromStr for DeviceChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "soft" {
+            return Ok(DeviceChoice::Soft);
+        }
+        let Some(rest) = s.strip_prefix("verbs:") else {
+            return Err(format!(
+                "device {s:?}: expected \"soft\" or \"verbs:<ibdev>[:<port>]\""
+            ));
+        };
+        let (ibdev, port) = match rest.split_once(':') {
+            None => (rest, 1),
+            Some((d, p)) => (
+                d,
+                p.parse::<u8>()
+                    .ok()
+                    .filter(|&p| p > 0)
+                    .ok_or_else(|| format!("device {s:?}: port {p:?} is not 1..=255"))?,
+            ),
+        };
+        if ibdev.is_empty() || ibdev.len() > 63 || ibdev.contains(['/', '\0']) {
+            return Err(format!(
+                "device {s:?}: {ibdev:?} is not an RDMA device name"
+            ));
+        }
+        Ok(DeviceChoice::Verbs {
+            ibdev: ibdev.to_owned(),
+            port,
+        })
+    }
 }
 
 /// `[cm]`: what a guest domain may do with the connection manager. The keys are defaults;
@@ -442,6 +489,7 @@ impl Default for Config {
             host: HostConfig::default(),
             address: Vec::new(),
             cm: CmSettings::default(),
+            device: "soft".into(),
         }
     }
 }
@@ -503,6 +551,7 @@ impl Config {
         if self.engine_threads == 0 || self.engine_threads > 256 {
             return Err(invalid("engine-threads must be between 1 and 256"));
         }
+        self.device_choice().map_err(|e| invalid(&e))?;
         if self.spin_before_sleep_us > 10_000_000 {
             return Err(invalid(
                 "spin-before-sleep-us must be at most 10000000 (10 s)",
@@ -571,6 +620,11 @@ impl Config {
             })),
             ..crate::device::CmConfig::default()
         }
+    }
+
+    /// The device the configuration names.
+    pub fn device_choice(&self) -> Result<DeviceChoice, String> {
+        self.device.parse()
     }
 
     /// The software device's engine settings.
@@ -714,5 +768,37 @@ mod tests {
             let e = Config::parse(text, "f.toml").unwrap_err().to_string();
             assert!(e.contains(needle), "{text}: {e}");
         }
+    }
+
+    #[test]
+    fn device_choices_parse_and_bad_ones_are_refused() {
+        assert_eq!(Config::default().device_choice(), Ok(DeviceChoice::Soft));
+        let c = Config::parse("device = \"verbs:rxe0\"", "f.toml").unwrap();
+        assert_eq!(
+            c.device_choice(),
+            Ok(DeviceChoice::Verbs {
+                ibdev: "rxe0".into(),
+                port: 1
+            })
+        );
+        assert_eq!(
+            "verbs:mlx5_0:2".parse::<DeviceChoice>(),
+            Ok(DeviceChoice::Verbs {
+                ibdev: "mlx5_0".into(),
+                port: 2
+            })
+        );
+        for bad in [
+            "verbs",
+            "verbs:",
+            "verbs:rxe0:0",
+            "verbs:rxe0:x",
+            "hca",
+            "verbs:a/b",
+        ] {
+            assert!(bad.parse::<DeviceChoice>().is_err(), "{bad}");
+        }
+        let e = Config::parse("device = \"verbs:rxe0:999\"", "f.toml").unwrap_err();
+        assert!(e.to_string().contains("verbs:rxe0:999"), "{e}");
     }
 }

@@ -10,11 +10,12 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use vrdma_backend::config::{Config, SIM_DEFAULT_ADDRESS};
+use vrdma_backend::config::{Config, DeviceChoice, SIM_DEFAULT_ADDRESS};
 use vrdma_backend::control::policy::CmPolicy;
 use vrdma_backend::control::ControlOpener;
 use vrdma_backend::daemon::host::{self, HostChoice};
 use vrdma_backend::daemon::{self, signals, Daemon};
+use vrdma_backend::device::verbs::{VerbsDevice, VerbsLib};
 use vrdma_backend::device::{Device, SoftDevice};
 use vrdma_backend::resources::budget::{HostBudget, Pool};
 
@@ -33,6 +34,10 @@ struct Cli {
     /// Log filter (overrides the config file; RUST_LOG overrides both).
     #[arg(long)]
     log_level: Option<String>,
+    /// The device: `soft` (the software device) or `verbs:<ibdev>[:<port>]`, an RDMA device
+    /// of this host through rdma-core (overrides the config file's `device`).
+    #[arg(long, value_name = "DEVICE")]
+    device: Option<DeviceChoice>,
 }
 
 fn main() -> ExitCode {
@@ -68,12 +73,33 @@ fn run(cli: Cli, config: Config) -> Result<()> {
         .as_ref()
         .map(|p| p.display().to_string())
         .unwrap_or_else(|| "the configuration".into());
-    let choice = match (cli.sim, cli.embedded) {
+    let choice = match cli.device {
+        Some(d) => d,
+        None => config
+            .device_choice()
+            .map_err(|e| anyhow::anyhow!("{origin}: {e}"))?,
+    };
+    // An RDMA device is opened before anything else starts: a host without rdma-core or
+    // without that device fails at once, saying what is missing.
+    let verbs = match &choice {
+        DeviceChoice::Soft => None,
+        DeviceChoice::Verbs { ibdev, port } => {
+            // The library error names the packages (libibverbs1, ibverbs-providers).
+            let lib = VerbsLib::open().context("--device verbs needs rdma-core's libibverbs")?;
+            let dev = VerbsDevice::open(&lib, ibdev, *port, config.engine())
+                .with_context(|| format!("opening RDMA device {ibdev} port {port}"))?;
+            tracing::info!(
+                "device verbs:{ibdev}:{port} (rdma-core; connections: loopback pairs only)"
+            );
+            Some(dev)
+        }
+    };
+    let host_choice = match (cli.sim, cli.embedded) {
         (Some(dir), _) => HostChoice::Sim(dir),
         (None, Some(dir)) => HostChoice::Embedded(Some(dir)),
         (None, None) => HostChoice::Auto,
     };
-    let host = host::start(choice).context("starting the platform")?;
+    let host = host::start(host_choice).context("starting the platform")?;
     tracing::info!(
         "vrdma-backend on {} as domain {}",
         host.description,
@@ -117,12 +143,18 @@ fn run(cli: Cli, config: Config) -> Result<()> {
     };
     let addrs = config.addresses(default_addrs);
     let cm_policy = Arc::new(CmPolicy::new(config.cm.clone()));
-    let device: Arc<dyn Device> = Arc::new(
-        SoftDevice::new(config.engine())
-            .context("starting the software device engine")?
-            .with_cm(config.cm_device_config(addrs.clone(), cm_policy.clone()))
-            .context("starting the software device's connection manager")?,
-    );
+    let (device, kind): (Arc<dyn Device>, &str) = match verbs {
+        None => (
+            Arc::new(
+                SoftDevice::new(config.engine())
+                    .context("starting the software device engine")?
+                    .with_cm(config.cm_device_config(addrs.clone(), cm_policy.clone()))
+                    .context("starting the software device's connection manager")?,
+            ),
+            "soft-iwarp",
+        ),
+        Some(dev) => (Arc::new(dev), "verbs"),
+    };
     tracing::info!(
         "addresses {addrs:?}; [cm] max-listeners {}, max-connects {}, allowed-ports {:?}, \
          allowed-peers {:?}, {} domain overrides",
@@ -132,7 +164,7 @@ fn run(cli: Cli, config: Config) -> Result<()> {
         config.cm.allowed_peers,
         config.cm.domain.len()
     );
-    let info = daemon::device_info_of("soft-iwarp", &*device);
+    let info = daemon::device_info_of(kind, &*device);
     let store = Arc::new(host.store.clone());
     let platform = host.platform.clone();
     let dev = device.clone();

@@ -45,6 +45,23 @@ enum Cmd {
     List(ListArgs),
     /// Show the counters the backend publishes for each device.
     Stats(StatsArgs),
+    /// List the RDMA devices rdma-core's libibverbs sees on this host (attributes, ports,
+    /// GIDs); with --device, run a loopback self-test on it. Needs no XenStore.
+    VerbsProbe(VerbsProbeArgs),
+}
+
+#[derive(Args)]
+struct VerbsProbeArgs {
+    /// Run the self-test on this device (e.g. rxe0): PD, MR, CQs, two RC QPs connected to
+    /// each other, an RDMA WRITE and a SEND/RECV with the data checked.
+    #[arg(long)]
+    device: Option<String>,
+    /// The port of the self-test.
+    #[arg(long, default_value_t = 1)]
+    port: u8,
+    /// The GID index of the self-test (default: the first non-zero GID on RoCE, none on IB).
+    #[arg(long)]
+    gid_index: Option<i32>,
 }
 
 #[derive(Args)]
@@ -214,12 +231,16 @@ fn seconds(s: f64) -> Result<Duration> {
 }
 
 fn run(cli: Cli) -> Result<()> {
+    if let Cmd::VerbsProbe(a) = &cli.cmd {
+        return verbs_probe(a);
+    }
     let store = connect(cli.sim)?;
     match cli.cmd {
         Cmd::Attach(a) => attach(&store, a),
         Cmd::Detach(a) => detach(&store, a),
         Cmd::List(a) => list(&store, a),
         Cmd::Stats(a) => stats(&store, a),
+        Cmd::VerbsProbe(_) => unreachable!("handled before connecting"),
     }
 }
 
@@ -464,4 +485,31 @@ fn stats_table(all: &[DeviceStats]) -> String {
         }
     }
     out
+}
+
+fn verbs_probe(a: &VerbsProbeArgs) -> Result<()> {
+    use vrdma_backend::device::verbs::{probe, VerbsLib};
+    let lib = VerbsLib::open().context("loading rdma-core's libibverbs")?;
+    let (devs, why) = probe::list(&lib).context("listing RDMA devices")?;
+    print!("{}", probe::render(&lib, &devs, why.as_deref()));
+    if let Some(name) = &a.device {
+        let ctx = lib
+            .open_device(name)
+            .with_context(|| format!("opening {name}"))?;
+        let r = probe::self_test(&ctx, a.port, a.gid_index)
+            .with_context(|| format!("self-test on {name} port {}", a.port))?;
+        println!(
+            "self-test {} port {} (gid index {}): QPs {:#x} <-> {:#x} connected; RDMA WRITE \
+             {} bytes verified; SEND/RECV {} bytes verified: ok",
+            r.device,
+            r.port,
+            r.gid_index
+                .map_or("none (LID)".to_owned(), |i| i.to_string()),
+            r.qpn_a,
+            r.qpn_b,
+            r.write_bytes,
+            r.send_bytes
+        );
+    }
+    Ok(())
 }

@@ -80,6 +80,7 @@ pub mod platform;
 mod soft;
 mod stats;
 pub mod testkit;
+pub mod verbs;
 mod waker;
 
 #[cfg(test)]
@@ -122,6 +123,29 @@ pub struct ListenerId(pub u32);
 /// [`Device::cm_reject`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ConnRequestId(pub u32);
+
+/// An RC peer named by address vector (RoCE and InfiniBand: what `ibv_rc_pingpong` and
+/// perftest without `-R` exchange out of band), for [`Device::connect_qp_av`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RemoteAv {
+    /// The peer port's GID (RoCE: the IPv6 or IPv4-mapped address; all zero on InfiniBand
+    /// without a global route).
+    pub gid: [u8; 16],
+    /// The peer port's LID (InfiniBand; 0 on RoCE).
+    pub lid: u16,
+    /// The peer QP's number.
+    pub qpn: u32,
+    /// The peer's first send PSN (24 bits): this QP's expected receive PSN.
+    pub psn: u32,
+}
+
+/// This device's own address for address vectors ([`Device::local_av`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LocalAv {
+    pub gid: [u8; 16],
+    pub lid: u16,
+    pub port: u8,
+}
 
 /// Most private data bytes a connect, accept or reject carries (rdma_cm's `private_data_len`
 /// is a u8).
@@ -406,6 +430,26 @@ pub trait Device: Send + Sync {
     /// Pairs `qp` with QP `remote` of this backend (any channel or domain). Both ends call it
     /// with each other's number; the second call makes both RTS.
     fn connect_qp(&self, ch: ChannelId, qp: QpNum, remote: QpNum) -> DeviceResult<()>;
+
+    /// This device's address for address vectors (`None`: the device connects QPs only by
+    /// [`Self::connect_qp`] or the connection manager).
+    fn local_av(&self) -> Option<LocalAv> {
+        None
+    }
+    /// Connects `qp` (Init or Rtr, not connecting) to the RC peer `remote` by address vector:
+    /// the QP goes RTR/RTS at once (its first send PSN is `local_psn`) and the channel gets
+    /// `QpEstablished`; whether the peer is there shows on the data path (retry exceeded).
+    /// Devices without address vectors answer `NotSupported`.
+    fn connect_qp_av(
+        &self,
+        ch: ChannelId,
+        qp: QpNum,
+        remote: RemoteAv,
+        local_psn: u32,
+    ) -> DeviceResult<()> {
+        let _ = (ch, qp, remote, local_psn);
+        Err(DeviceError::NotSupported("address vectors"))
+    }
 
     /// Mediated mode: arms the CQ for one notification. If a completion is already waiting the
     /// notifier is called at once.

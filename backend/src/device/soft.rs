@@ -13,11 +13,13 @@ use std::thread::JoinHandle;
 
 use shared_ring::abi::control::{access, QpState};
 use shared_ring::abi::cqe::{CqeRepr, CQE_LEN};
+use shared_ring::abi::event::EVENT_LEN;
 use shared_ring::abi::event::{EventKind, EventRepr};
 use shared_ring::abi::wqe::{MAX_INLINE, MAX_SGE, WQE_LEN};
 use shared_ring::cq::{CqPoller, CqWriter};
-use shared_ring::doorbell::DoorbellPage;
+use shared_ring::doorbell::{DoorbellPage, EngineSleep};
 use shared_ring::event_ring::{self, EVENT_RING_LEN};
+use shared_ring::queue::Producer;
 use shared_ring::{SharedRegion, WqConsumer, PAGE_SIZE, PROTOCOL_VERSION};
 
 use super::engine::{self, EngineShared};
@@ -32,7 +34,7 @@ mod cm;
 pub use cm::{CmConfig, PeerFilter};
 
 /// Largest queue the device accepts (log2).
-const MAX_LOG2: u8 = 16;
+pub(crate) const MAX_LOG2: u8 = 16;
 
 /// The software RDMA device: engine threads plus the tables of the control path.
 pub struct SoftDevice {
@@ -152,7 +154,7 @@ pub fn default_attrs() -> DeviceAttrs {
     }
 }
 
-fn inval(s: impl Into<String>) -> DeviceError {
+pub(crate) fn inval(s: impl Into<String>) -> DeviceError {
     DeviceError::InvalidArgument(s.into())
 }
 
@@ -259,14 +261,23 @@ fn entry(t: &mut Tables, ch: ChannelId) -> DeviceResult<&mut ChanEntry> {
 
 /// Takes a doorbell slot for a queue: in range, free; its index words are reset.
 fn take_slot(e: &mut ChanEntry, slot: u32) -> DeviceResult<()> {
-    let dbs = lock(&e.ch.doorbells);
+    take_slot_of(&lock(&e.ch.doorbells), &mut e.slots, slot)
+}
+
+/// Takes doorbell slot `slot` of a channel whose taken slots are `taken`: in range, free; its
+/// index words are reset (also used by the verbs device).
+pub(crate) fn take_slot_of(
+    dbs: &Doorbells,
+    taken: &mut HashSet<u32>,
+    slot: u32,
+) -> DeviceResult<()> {
     if slot >= dbs.slots() {
         return Err(inval(format!(
             "doorbell slot {slot} does not exist (the pages have {})",
             dbs.slots()
         )));
     }
-    if e.slots.contains(&slot) {
+    if taken.contains(&slot) {
         return Err(DeviceError::Busy("doorbell slot"));
     }
     let q = dbs.queue(slot).map_err(|e| inval(e.to_string()))?;
@@ -276,12 +287,38 @@ fn take_slot(e: &mut ChanEntry, slot: u32) -> DeviceResult<()> {
     c.arm.store(0, Ordering::Relaxed);
     c.cons.store(0, Ordering::Relaxed);
     q.cons.store(0, Ordering::Release);
-    drop(dbs);
-    e.slots.insert(slot);
+    taken.insert(slot);
     Ok(())
 }
 
-fn check_log2(what: &str, log2: u8, max: u32) -> DeviceResult<usize> {
+/// What a new channel's pages become: its doorbell pages (the first initialised), the
+/// engine's sleep word and the event-ring producer (also used by the verbs device).
+pub(crate) fn init_channel_pages(
+    setup: &ChannelSetup,
+) -> DeviceResult<(Doorbells, EngineSleep, Producer<EVENT_LEN>)> {
+    if setup.event_ring.len() < EVENT_RING_LEN {
+        return Err(inval(format!(
+            "event ring of {} bytes, need {EVENT_RING_LEN}",
+            setup.event_ring.len()
+        )));
+    }
+    if shared_ring::doorbell::slots_in(setup.doorbell.len()) == 0 {
+        return Err(inval("doorbell page has no slots"));
+    }
+    let guest_db = DoorbellPage::init(setup.doorbell.clone(), PROTOCOL_VERSION)
+        .map_err(|e| inval(e.to_string()))?;
+    setup
+        .event_ring
+        .zero(0, EVENT_RING_LEN)
+        .map_err(|e| inval(e.to_string()))?;
+    let events = event_ring::producer(&setup.event_ring).map_err(|e| inval(e.to_string()))?;
+    let sleep = guest_db.engine_sleep().map_err(|e| inval(e.to_string()))?;
+    let doorbells =
+        Doorbells::new(guest_db, setup.mode).map_err(|_| DeviceError::NoResources("memory"))?;
+    Ok((doorbells, sleep, events))
+}
+
+pub(crate) fn check_log2(what: &str, log2: u8, max: u32) -> DeviceResult<usize> {
     if log2 == 0 || log2 > MAX_LOG2 || (1u32 << log2) > max {
         return Err(inval(format!(
             "{what} of 2^{log2} entries is out of range (max {max})"
@@ -290,7 +327,12 @@ fn check_log2(what: &str, log2: u8, max: u32) -> DeviceResult<usize> {
     Ok(1usize << log2)
 }
 
-fn queue(region: &SharedRegion, db: &Doorbells, slot: u32, n: usize) -> DeviceResult<WqConsumer> {
+pub(crate) fn queue(
+    region: &SharedRegion,
+    db: &Doorbells,
+    slot: u32,
+    n: usize,
+) -> DeviceResult<WqConsumer> {
     if region.len() < n * WQE_LEN {
         return Err(inval(format!(
             "queue of {n} WQEs needs {} bytes, the region has {}",
@@ -352,25 +394,7 @@ impl Device for SoftDevice {
     }
 
     fn open_channel(&self, setup: ChannelSetup) -> DeviceResult<ChannelId> {
-        if setup.event_ring.len() < EVENT_RING_LEN {
-            return Err(inval(format!(
-                "event ring of {} bytes, need {EVENT_RING_LEN}",
-                setup.event_ring.len()
-            )));
-        }
-        if shared_ring::doorbell::slots_in(setup.doorbell.len()) == 0 {
-            return Err(inval("doorbell page has no slots"));
-        }
-        let guest_db = DoorbellPage::init(setup.doorbell.clone(), PROTOCOL_VERSION)
-            .map_err(|e| inval(e.to_string()))?;
-        setup
-            .event_ring
-            .zero(0, EVENT_RING_LEN)
-            .map_err(|e| inval(e.to_string()))?;
-        let events = event_ring::producer(&setup.event_ring).map_err(|e| inval(e.to_string()))?;
-        let sleep = guest_db.engine_sleep().map_err(|e| inval(e.to_string()))?;
-        let doorbells =
-            Doorbells::new(guest_db, setup.mode).map_err(|_| DeviceError::NoResources("memory"))?;
+        let (doorbells, sleep, events) = init_channel_pages(&setup)?;
         let mut t = self.tables();
         let id = ChannelId(t.id());
         let dom = t.domains.entry(setup.domid).or_default().clone();
