@@ -624,6 +624,170 @@ impl<const N: usize> SlotArray<N> {
     }
 }
 
+impl SharedRegion {
+    /// The chunk of [`Self::for_each_chunk`]: large enough for a CRC32c's three-way
+    /// interleaved loop, small enough for L1.
+    pub const CHUNK: usize = 4096;
+
+    /// Calls `f` on copies of `[offset, offset + len)`, in order, in chunks of at most
+    /// [`Self::CHUNK`] bytes (a stack bounce buffer that stays in L1): how a checksum is
+    /// computed over shared bytes without a reference to them or a copy of the whole range.
+    pub fn for_each_chunk(
+        &self,
+        offset: usize,
+        len: usize,
+        mut f: impl FnMut(&[u8]),
+    ) -> Result<(), MemError> {
+        self.check_bytes(offset, len)?;
+        let mut buf = [0u8; Self::CHUNK];
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(buf.len());
+            self.read_bytes(offset + at, &mut buf[..n])?;
+            f(&buf[..n]);
+            at += n;
+        }
+        Ok(())
+    }
+}
+
+/// The byte ranges of one `sendmsg` or `readv` system call: pieces of shared regions (the
+/// kernel copies straight to or from them, so payload needs no private buffer) and private
+/// buffers. No Rust reference to shared memory is formed: the list holds raw pointers that
+/// only the kernel dereferences, and the borrows (`'a`) keep every region and buffer alive
+/// until the list is gone. `W` is `true` for a list the kernel writes into (`readv`).
+#[cfg(not(loom))]
+pub struct IoList<'a, const W: bool> {
+    iov: Vec<libc::iovec>,
+    bytes: usize,
+    _borrows: std::marker::PhantomData<&'a mut [u8]>,
+}
+
+/// A list for [`IoList::send`]: the kernel reads the pieces.
+#[cfg(not(loom))]
+pub type SendList<'a> = IoList<'a, false>;
+/// A list for [`IoList::recv`]: the kernel writes the pieces.
+#[cfg(not(loom))]
+pub type RecvList<'a> = IoList<'a, true>;
+
+#[cfg(not(loom))]
+impl<'a, const W: bool> IoList<'a, W> {
+    /// Most pieces one call takes (Linux's `UIO_MAXIOV` is 1024).
+    pub const MAX_PIECES: usize = 256;
+
+    pub fn with_capacity(n: usize) -> Self {
+        Self {
+            iov: Vec::with_capacity(n.min(Self::MAX_PIECES)),
+            bytes: 0,
+            _borrows: std::marker::PhantomData,
+        }
+    }
+
+    /// Pieces so far.
+    pub fn pieces(&self) -> usize {
+        self.iov.len()
+    }
+
+    /// Bytes so far.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Whether another piece fits.
+    pub fn is_full(&self) -> bool {
+        self.iov.len() >= Self::MAX_PIECES
+    }
+
+    /// Adds `[offset, offset + len)` of `region` (bounds-checked; empty pieces are skipped).
+    /// A piece the kernel writes must lie in memory mapped writable; a read-only mapping
+    /// makes the call fail with `EFAULT`, it cannot make it write elsewhere.
+    pub fn push_shared(
+        &mut self,
+        region: &'a SharedRegion,
+        offset: usize,
+        len: usize,
+    ) -> Result<(), MemError> {
+        region.check_bytes(offset, len)?;
+        if len > 0 {
+            self.iov.push(libc::iovec {
+                iov_base: region.byte_ptr(offset).cast(),
+                iov_len: len,
+            });
+            self.bytes += len;
+        }
+        Ok(())
+    }
+
+    fn push_raw(&mut self, ptr: *mut u8, len: usize) {
+        if len > 0 {
+            self.iov.push(libc::iovec {
+                iov_base: ptr.cast(),
+                iov_len: len,
+            });
+            self.bytes += len;
+        }
+    }
+}
+
+#[cfg(not(loom))]
+impl<'a> IoList<'a, false> {
+    /// Adds a private buffer the kernel reads.
+    pub fn push_private(&mut self, buf: &'a [u8]) {
+        self.push_raw(buf.as_ptr().cast_mut(), buf.len());
+    }
+
+    /// Sends the pieces in order on the stream socket `fd` (one `sendmsg`, `MSG_NOSIGNAL`, so
+    /// a closed peer is `EPIPE`, never a signal); returns the bytes the kernel took, which may
+    /// be fewer than [`Self::bytes`] on a non-blocking socket.
+    pub fn send(&self, fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<usize> {
+        use std::os::fd::AsRawFd;
+        if self.iov.is_empty() {
+            return Ok(0);
+        }
+        // SAFETY: an all-zero `msghdr` is valid (null name, no control data); the iovec
+        // array lives in `self` for the duration of the call.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = self.iov.as_ptr().cast_mut();
+        msg.msg_iovlen = self.iov.len() as _;
+        // SAFETY: every iovec points into memory that `'a` keeps alive (shared regions,
+        // bounds-checked in `push_shared`, or private buffers), valid for reads of its length;
+        // the kernel only reads them. A concurrent writer of shared memory can only garble
+        // the bytes sent.
+        let n = unsafe { libc::sendmsg(fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(n as usize)
+    }
+}
+
+#[cfg(not(loom))]
+impl<'a> IoList<'a, true> {
+    /// Adds a private buffer the kernel writes.
+    pub fn push_private_mut(&mut self, buf: &'a mut [u8]) {
+        self.push_raw(buf.as_mut_ptr(), buf.len());
+    }
+
+    /// Reads from `fd` into the pieces in order (one `readv`); returns the bytes read (0:
+    /// end of stream).
+    pub fn recv(&self, fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<usize> {
+        use std::os::fd::AsRawFd;
+        if self.iov.is_empty() {
+            return Ok(0);
+        }
+        // SAFETY: every iovec points into memory that `'a` keeps alive and that nothing in
+        // this process reads or writes through a reference meanwhile: private buffers are
+        // borrowed mutably, shared ranges were bounds-checked and are only ever accessed by
+        // copies (this module's rules), so the kernel's writes race with nothing but another
+        // domain, which can only garble the bytes.
+        let n = unsafe { libc::readv(fd.as_raw_fd(), self.iov.as_ptr(), self.iov.len() as _) };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(n as usize)
+    }
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
@@ -781,6 +945,46 @@ mod tests {
                 region_len: 64
             })
         );
+    }
+
+    #[test]
+    fn io_lists_move_bytes_between_a_socket_and_shared_ranges() {
+        use std::os::fd::AsFd;
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let src = SharedRegion::alloc(64).unwrap();
+        for i in 0..64 {
+            src.write_bytes(i, &[i as u8]).unwrap();
+        }
+        let head = [0xaa, 0xbb];
+        let mut out = SendList::with_capacity(4);
+        out.push_private(&head);
+        out.push_shared(&src, 3, 5).unwrap();
+        out.push_shared(&src, 60, 0).unwrap();
+        assert_eq!(out.pieces(), 2, "empty pieces are skipped");
+        assert!(out.push_shared(&src, 60, 5).is_err(), "out of bounds");
+        assert_eq!(out.send(a.as_fd()).unwrap(), 7);
+        let dst = SharedRegion::alloc(64).unwrap();
+        let mut first = [0u8; 1];
+        let mut inl = RecvList::with_capacity(4);
+        inl.push_private_mut(&mut first);
+        inl.push_shared(&dst, 10, 6).unwrap();
+        assert_eq!(inl.recv(b.as_fd()).unwrap(), 7);
+        assert_eq!(first, [0xaa]);
+        let mut got = [0u8; 8];
+        dst.read_bytes(9, &mut got).unwrap();
+        assert_eq!(got, [0, 0xbb, 3, 4, 5, 6, 7, 0]);
+        let big = SharedRegion::alloc(9000).unwrap();
+        let data: Vec<u8> = (0..9000).map(|i| (i % 251) as u8).collect();
+        big.write_bytes(0, &data).unwrap();
+        let (mut seen, mut chunks) = (Vec::new(), 0);
+        big.for_each_chunk(1, 8999, |c| {
+            seen.extend_from_slice(c);
+            chunks += 1;
+        })
+        .unwrap();
+        assert_eq!(seen, data[1..]);
+        assert_eq!(chunks, 3, "4 KiB chunks");
+        assert!(src.for_each_chunk(1, 64, |_| ()).is_err());
     }
 
     #[test]

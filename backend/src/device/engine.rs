@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 use mio::{Events, Poll};
 
 use super::exec::{self, Ctx};
+use super::iwarp;
 use super::mr::KeyTable;
 use super::objects::{lock, Channel, Qp};
 use super::waker::EngineWaker;
@@ -48,6 +49,8 @@ pub(crate) const RNR_NAP: Duration = Duration::from_millis(1);
 pub(crate) struct EngineShared {
     pub(crate) waker: Arc<EngineWaker>,
     pub(crate) channels: Mutex<Vec<Arc<Channel>>>,
+    /// Registers the sockets of remote QPs with the engine's poller.
+    pub(crate) registry: mio::Registry,
 }
 
 /// An engine ready to run: its shared part and its poller.
@@ -63,6 +66,7 @@ pub(crate) fn prepare(idx: usize) -> std::io::Result<Prepared> {
         shared: Arc::new(EngineShared {
             waker,
             channels: Mutex::new(Vec::new()),
+            registry: poll.registry().try_clone()?,
         }),
         poll,
     })
@@ -82,7 +86,7 @@ pub(crate) fn spawn(
 fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<EngineWaker>]>) {
     let Prepared { shared, mut poll } = p;
     let me = &*shared.waker;
-    let mut events = Events::with_capacity(8);
+    let mut events = Events::with_capacity(256);
     let ctx = Ctx {
         keys: &keys,
         me: me.idx,
@@ -93,6 +97,8 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
     let mut qps: Vec<Arc<Qp>> = Vec::new();
     // Per channel: its QPs' range in `qps`.
     let mut ranges: Vec<std::ops::Range<usize>> = Vec::new();
+    // The sockets of the remote QPs among `qps`.
+    let mut sockets = iwarp::Sockets::default();
     let mut pass: usize = 0;
     let mut last_shared: usize = 0;
     let mut idle_since: Option<Instant> = None;
@@ -113,6 +119,10 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
                 qps.extend(lock(&c.qps).iter().cloned());
                 ranges.push(start..qps.len());
             }
+            sockets.rebuild(&qps);
+        }
+        if !sockets.is_empty() {
+            sockets.poll_now(&mut poll, &mut events);
         }
         let mut did = false;
         pass = pass.wrapping_add(1);
@@ -175,8 +185,10 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
         {
             me.sleeps.fetch_add(1, Ordering::Relaxed);
             let timeout = nap.then_some(RNR_NAP);
-            if let Err(e) = poll.poll(&mut events, timeout) {
-                if e.kind() != std::io::ErrorKind::Interrupted {
+            match poll.poll(&mut events, timeout) {
+                Ok(()) => sockets.dispatch(&events),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
                     tracing::error!(engine = me.idx, "engine poll failed: {e}");
                     std::thread::sleep(RNR_NAP);
                 }

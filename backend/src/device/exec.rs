@@ -58,13 +58,13 @@ fn done(status: CqeStatus, len: u64) -> Exec {
     Exec::Done { status, len }
 }
 
-fn wr_id_of(raw: &[u8; WQE_LEN]) -> u64 {
+pub(crate) fn wr_id_of(raw: &[u8; WQE_LEN]) -> u64 {
     let mut b = [0u8; 8];
     b.copy_from_slice(&raw[8..16]);
     u64::from_le_bytes(b)
 }
 
-fn cqe_opcode(op: WqeOpcode) -> CqeOpcode {
+pub(crate) fn cqe_opcode(op: WqeOpcode) -> CqeOpcode {
     match op {
         WqeOpcode::Send | WqeOpcode::SendWithImm => CqeOpcode::Send,
         WqeOpcode::RdmaWrite | WqeOpcode::RdmaWriteWithImm => CqeOpcode::RdmaWrite,
@@ -73,7 +73,7 @@ fn cqe_opcode(op: WqeOpcode) -> CqeOpcode {
     }
 }
 
-fn cqe(qp: &Qp, wr_id: u64, opcode: CqeOpcode, status: CqeStatus, len: u64) -> CqeRepr {
+pub(crate) fn cqe(qp: &Qp, wr_id: u64, opcode: CqeOpcode, status: CqeStatus, len: u64) -> CqeRepr {
     CqeRepr {
         wr_id,
         status,
@@ -95,6 +95,9 @@ fn cqe(qp: &Qp, wr_id: u64, opcode: CqeOpcode, status: CqeStatus, len: u64) -> C
 pub(crate) fn process_qp(ctx: &Ctx<'_>, qp: &Arc<Qp>, budget: &mut usize) -> bool {
     if qp.destroyed.load(Ordering::Relaxed) {
         return false;
+    }
+    if let Some(r) = qp.remote.get() {
+        return super::iwarp::process(ctx, qp, r, budget);
     }
     let did = match qp.state() {
         QpState::Error => flush(qp),
@@ -129,6 +132,13 @@ fn hand_off_rnr(ctx: &Ctx<'_>, qp: &Qp) {
 pub(crate) fn has_work(qp: &Qp, me: usize) -> (bool, bool) {
     if qp.destroyed.load(Ordering::Relaxed) {
         return (false, false);
+    }
+    if let Some(r) = qp.remote.get() {
+        // Remote: its connection's work, and in Error the queues' flush below.
+        let w = super::iwarp::has_work(qp, r);
+        if w || qp.state() != QpState::Error {
+            return (w, false);
+        }
     }
     if qp.rnr_waiter.load(Ordering::Relaxed) != 0
         && lock(&qp.recv).rq.available().is_ok_and(|n| n > 0)
@@ -358,7 +368,12 @@ fn take_recv(r: &mut RecvSide) -> Option<[u8; WQE_LEN]> {
 }
 
 /// Resolves the local SGEs of a WQE (`write`: the engine writes them).
-fn local_segs(ctx: &Ctx<'_>, qp: &Qp, data: &WqeData, write: bool) -> Result<SegList, CqeStatus> {
+pub(crate) fn local_segs(
+    ctx: &Ctx<'_>,
+    qp: &Qp,
+    data: &WqeData,
+    write: bool,
+) -> Result<SegList, CqeStatus> {
     let mut out: SegList = [None, None];
     if let WqeData::Sges { sges, len } = data {
         for (o, sge) in out.iter_mut().zip(&sges[..usize::from(*len)]) {
@@ -590,7 +605,7 @@ fn complete_recv(
 }
 
 /// Completes every outstanding WQE of an Error QP with `WrFlushError`; `true` if any.
-fn flush(qp: &Qp) -> bool {
+pub(crate) fn flush(qp: &Qp) -> bool {
     let mut did = false;
     {
         let mut s = lock(&qp.send);

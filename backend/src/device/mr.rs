@@ -45,6 +45,17 @@ pub(crate) struct Seg {
 }
 
 impl Seg {
+    /// The mapped pages the segment lies in and its offset there (for system calls that
+    /// move payload between a socket and the segment).
+    pub(crate) fn region(&self) -> (&SharedRegion, usize) {
+        (&self.mr.pages, self.off)
+    }
+
+    /// The lkey of the segment's region.
+    pub(crate) fn lkey(&self) -> u32 {
+        self.mr.lkey
+    }
+
     /// Copies `len` bytes from `src` at `src_at` (relative to the segment) to `self` at `at`.
     fn copy_from(&self, at: usize, src: &Seg, src_at: usize, len: usize) {
         // Both ranges were checked when the segments were resolved; an error here would be a
@@ -174,6 +185,17 @@ pub(crate) fn copy_part(src: &[Option<Seg>], dst: &[Option<Seg>], from: usize, l
         }
         left -= n;
     }
+}
+
+/// Why an (rkey, address, length) was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RemoteFault {
+    /// No region of the responder has that key.
+    Key,
+    /// The region does not allow the access.
+    Access,
+    /// The range is not inside the region.
+    Bounds,
 }
 
 /// Key numbers are 31 bits (bit 0 of a key is the remote bit).
@@ -313,16 +335,31 @@ impl KeyTable {
         len: u64,
         need: u32,
     ) -> Result<Seg, CqeStatus> {
+        self.remote_checked(ch, pd, rkey, addr, len, need)
+            .map_err(|_| CqeStatus::RemoteAccessError)
+    }
+
+    /// [`Self::remote`], saying which check failed (a Terminate message names it).
+    pub(crate) fn remote_checked(
+        &self,
+        ch: ChannelId,
+        pd: PdId,
+        rkey: u32,
+        addr: u64,
+        len: u64,
+        need: u32,
+    ) -> Result<Seg, RemoteFault> {
         let mr = self
             .get(rkey)
-            .filter(|m| m.rkey == rkey && m.ch == ch && m.pd == pd && m.access & need == need)
-            .ok_or(CqeStatus::RemoteAccessError)?;
-        let start = addr
-            .checked_sub(mr.iova)
-            .ok_or(CqeStatus::RemoteAccessError)?;
-        let end = start.checked_add(len).ok_or(CqeStatus::RemoteAccessError)?;
+            .filter(|m| m.rkey == rkey && m.ch == ch && m.pd == pd)
+            .ok_or(RemoteFault::Key)?;
+        if mr.access & need != need {
+            return Err(RemoteFault::Access);
+        }
+        let start = addr.checked_sub(mr.iova).ok_or(RemoteFault::Bounds)?;
+        let end = start.checked_add(len).ok_or(RemoteFault::Bounds)?;
         if end > mr.len {
-            return Err(CqeStatus::RemoteAccessError);
+            return Err(RemoteFault::Bounds);
         }
         Ok(Seg {
             off: mr.base + start as usize,

@@ -1,12 +1,13 @@
 //! The device's objects as the engine sees them: channels, CQs and QPs, with the locks that
 //! guard their shared-memory endpoints.
 //!
-//! Lock order (deadlock freedom): the control path's table lock, then QP send sides (several
-//! only under the table lock), then QP receive sides, then CQs, then a channel's event ring.
+//! Lock order (deadlock freedom): the control path's table lock, then a remote QP's connection
+//! (`iwarp::RemoteQp::conn`), then QP send sides (several only under the table lock), then QP
+//! receive sides, then CQs, then a channel's event ring.
 //! The engine holds at most one send side (its own QP's) and one receive side (its peer's).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 use shared_ring::abi::control::QpState;
 use shared_ring::abi::cqe::{CqeRepr, CqeStatus, CQE_LEN};
@@ -341,6 +342,9 @@ pub(crate) struct Qp {
     pub(crate) destroyed: AtomicBool,
     /// The QP's own work counters (relaxed atomics; see [`QpCounters`]).
     pub(crate) counters: QpCounters,
+    /// Set once when the QP runs over a TCP stream to another host (`iwarp`): the engine
+    /// drives it through its connection instead of a local peer.
+    pub(crate) remote: OnceLock<Arc<super::iwarp::RemoteQp>>,
 }
 
 pub(crate) fn state_from(v: u32) -> QpState {
@@ -383,6 +387,7 @@ impl Qp {
             rnr_waiter: AtomicUsize::new(0),
             destroyed: AtomicBool::new(false),
             counters: QpCounters::default(),
+            remote: OnceLock::new(),
         }
     }
 

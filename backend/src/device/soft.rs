@@ -329,6 +329,9 @@ impl Inner {
         }
         qp.destroyed.store(true, Ordering::SeqCst);
         qp.fail(None);
+        if let Some(r) = qp.remote.get() {
+            super::iwarp::qp::close(r);
+        }
         let peer = lock(&qp.send).peer.take().and_then(|w| w.upgrade());
         if let Some(peer) = peer {
             if peer.num != num {
@@ -981,14 +984,13 @@ impl Device for SoftDevice {
 }
 
 impl SoftDevice {
-    /// Runs QP `qp` of channel `ch` (Init or Rtr, not connected) over an established iWARP
-    /// connection: the QP goes to RTS and the channel gets `QpEstablished`. Called by the
-    /// connection manager when MPA negotiation ends.
-    ///
-    /// The connection manager's thread calls [`Inner::attach_stream`] (it has no
-    /// `SoftDevice`); this delegates to it.
-    #[allow(dead_code)]
-    pub(crate) fn attach_stream(
+    /// Runs QP `qp` of channel `ch` (Reset, Init or Rtr, not connected) over an established
+    /// iWARP connection. The initiator (and a responder without RTR) goes to RTS and its
+    /// channel gets `QpEstablished` now; a responder that negotiated an RTR waits in Rtr for
+    /// the initiator's first FPDU, then does the same. Called by the connection manager when
+    /// MPA negotiation ends (tests call it with a hand-made [`super::iwarp::Established`]);
+    /// the QP keeps the stream until it is destroyed.
+    pub fn attach_stream(
         &self,
         ch: ChannelId,
         qp: QpNum,
@@ -999,17 +1001,43 @@ impl SoftDevice {
 }
 
 impl Inner {
-    /// See [`SoftDevice::attach_stream`]. If it fails, the connection manager moves the QP to
-    /// Error, sends `ConnectUnreachable` and drops `est` (closing the TCP connection).
-    ///
-    /// Placeholder until the iWARP data path lands: refuses.
+    /// See [`SoftDevice::attach_stream`] (the connection manager's thread has an `Inner`).
     pub(crate) fn attach_stream(
         &self,
         ch: ChannelId,
         qp: QpNum,
         est: super::iwarp::Established,
     ) -> DeviceResult<()> {
-        let _ = (ch, qp, est);
-        Err(DeviceError::NotSupported("the iWARP data path"))
+        let mut t = lock(&self.tables);
+        if !entry(&mut t, ch)?.qps.contains_key(&qp) {
+            return Err(bad("QP", qp.0));
+        }
+        let q = t.qps.get(&qp).ok_or(bad("QP", qp.0))?.clone();
+        if !matches!(q.state(), QpState::Reset | QpState::Init | QpState::Rtr) {
+            return Err(DeviceError::ConnectionRefused(qp.0, "QP is not in Init"));
+        }
+        let mut s = lock(&q.send);
+        if s.peer_num.is_some() || q.remote.get().is_some() {
+            return Err(DeviceError::ConnectionRefused(
+                qp.0,
+                "QP is already connected",
+            ));
+        }
+        let engine = &self.engines[q.ch.engine.idx];
+        let (remote, ready) = super::iwarp::qp::attach(&q, est, &engine.registry)
+            .map_err(|e| inval(format!("the connection's socket: {e}")))?;
+        // Connected (to the stream): no `connect_qp`, no state changes but Error from here.
+        s.peer_num = Some(qp);
+        drop(s);
+        let _ = q.remote.set(remote);
+        drop(t);
+        if ready {
+            q.set_state(QpState::Rts);
+            q.ch.event(EventKind::QpEstablished, qp.0, 0);
+        } else {
+            q.set_state(QpState::Rtr);
+        }
+        q.ch.engine.changed();
+        Ok(())
     }
 }

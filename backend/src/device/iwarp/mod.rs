@@ -10,7 +10,16 @@ pub(crate) mod cm;
 #[cfg(test)]
 mod cm_tests;
 
+use std::collections::HashMap;
 use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+
+mod hdr;
+pub(crate) mod qp;
+mod rx;
+mod tx;
+
+pub(crate) use qp::{has_work, process, RemoteQp};
 
 pub use cm::CrcPolicy;
 
@@ -50,4 +59,58 @@ pub struct Established {
     pub peer: SocketAddr,
     /// The peer's private data (after the enhanced IRD/ORD word, if any).
     pub peer_private: Vec<u8>,
+}
+
+/// The sockets of an engine's remote QPs, by their `mio` token (the QP number): readiness
+/// events become flags on the QP, which the engine's passes act on.
+#[derive(Default)]
+pub(crate) struct Sockets {
+    map: HashMap<mio::Token, Arc<RemoteQp>>,
+    /// Events for sockets registered since the map was built (the engine rebuilds it when
+    /// it sees the change): kept for the next map, since an edge-triggered event never
+    /// comes back.
+    orphans: Vec<(mio::Token, qp::Readiness)>,
+}
+
+/// Most orphan events kept between two rebuilds.
+const MAX_ORPHANS: usize = 4096;
+
+impl Sockets {
+    /// Rebuilds the map from the engine's QPs; orphan events go to their QPs now.
+    pub(crate) fn rebuild(&mut self, qps: &[Arc<super::objects::Qp>]) {
+        self.map = qps
+            .iter()
+            .filter_map(|q| q.remote.get().map(|r| (r.token, r.clone())))
+            .collect();
+        for (t, what) in self.orphans.drain(..) {
+            if let Some(r) = self.map.get(&t) {
+                r.mark(what);
+            }
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Marks the QPs whose sockets `events` reported.
+    pub(crate) fn dispatch(&mut self, events: &mio::Events) {
+        for ev in events.iter() {
+            let what = qp::Readiness::of(ev);
+            match self.map.get(&ev.token()) {
+                Some(r) => r.mark(what),
+                None if ev.token() != mio::Token(0) && self.orphans.len() < MAX_ORPHANS => {
+                    self.orphans.push((ev.token(), what));
+                }
+                None => {}
+            }
+        }
+    }
+
+    /// Looks for readiness without blocking (an engine that is spinning).
+    pub(crate) fn poll_now(&mut self, poll: &mut mio::Poll, events: &mut mio::Events) {
+        if poll.poll(events, Some(std::time::Duration::ZERO)).is_ok() {
+            self.dispatch(events);
+        }
+    }
 }

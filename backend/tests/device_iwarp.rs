@@ -1,0 +1,885 @@
+//! The iWARP data path between two software devices in one process, as two hosts: each has
+//! a channel, CQs, QPs and MRs on plain memory, and their QPs run over real loopback TCP
+//! connections (client bound to 127.0.0.2, listener on 127.0.0.3, kernel-chosen ports). The
+//! MPA exchange is not part of this (connection setup's job): `Established` is built by hand.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use shared_ring::abi::control::{access, QpState};
+use shared_ring::abi::cqe::{CqeOpcode, CqeRepr, CqeStatus};
+use shared_ring::abi::event::EventKind;
+use shared_ring::abi::wqe::WqeOpcode;
+use vrdma_backend::device::iwarp::{Established, Role, Rtr};
+use vrdma_backend::device::testkit::{wqe, TestChannel, TestCq, TestMr, TestQp, HANG};
+use vrdma_backend::device::{ChannelMode, Device, EngineConfig, SoftDevice};
+
+const ALL: u32 = access::ALL;
+const IO_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// One simulated host: a device and a channel with one CQ.
+struct Host {
+    dev: SoftDevice,
+    ch: TestChannel,
+    cq: TestCq,
+}
+
+impl Host {
+    fn new(domid: u16, mode: ChannelMode) -> Host {
+        let dev = SoftDevice::new(EngineConfig::default()).expect("device");
+        let mut ch = TestChannel::open(&dev, domid, mode);
+        let cq = ch.cq(&dev, 10);
+        Host { dev, ch, cq }
+    }
+
+    fn qp(&mut self) -> TestQp {
+        self.ch.qp(&self.dev, &self.cq, &self.cq, 6)
+    }
+
+    fn mr(&mut self, len: u64) -> TestMr {
+        self.ch.mr(&self.dev, len, ALL)
+    }
+
+    fn wait(&mut self) -> CqeRepr {
+        self.cq.wait(&self.dev)
+    }
+
+    fn state(&self, qp: &TestQp) -> QpState {
+        self.dev.qp_state(self.ch.id, qp.num).expect("QP state")
+    }
+
+    /// Waits until the QP is in `want` (a hang, not a timing check, after [`HANG`]).
+    fn wait_state(&self, qp: &TestQp, want: QpState) {
+        let start = Instant::now();
+        while self.state(qp) != want {
+            assert!(
+                start.elapsed() < HANG,
+                "QP {:?} never reached {want:?}",
+                qp.num
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Waits for an event of `kind` on the channel (others are dropped).
+    fn wait_event(&mut self, kind: EventKind) {
+        let start = Instant::now();
+        loop {
+            if self.ch.take_events().iter().any(|e| e.kind == kind) {
+                return;
+            }
+            assert!(start.elapsed() < HANG, "no {kind:?} event");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// A loopback TCP connection: (client bound to 127.0.0.2, server end on 127.0.0.3).
+fn tcp_pair() -> (TcpStream, TcpStream) {
+    let l = TcpListener::bind("127.0.0.3:0").expect("listen on 127.0.0.3");
+    let sock =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    let local: SocketAddr = "127.0.0.2:0".parse().expect("address");
+    sock.bind(&local.into()).expect("bind 127.0.0.2");
+    sock.connect_timeout(&l.local_addr().expect("addr").into(), IO_TIMEOUT)
+        .expect("connect");
+    let client: TcpStream = sock.into();
+    let (server, _) = l.accept().expect("accept");
+    for s in [&client, &server] {
+        s.set_read_timeout(Some(IO_TIMEOUT)).expect("timeout");
+        s.set_write_timeout(Some(IO_TIMEOUT)).expect("timeout");
+    }
+    (client, server)
+}
+
+fn est(stream: TcpStream, role: Role, crc: bool, rtr: Rtr) -> Established {
+    est_ord(stream, role, crc, rtr, 8)
+}
+
+/// [`est`] with IRD = ORD = `ord`.
+fn est_ord(stream: TcpStream, role: Role, crc: bool, rtr: Rtr, ord: u16) -> Established {
+    Established {
+        local: stream.local_addr().expect("local"),
+        peer: stream.peer_addr().expect("peer"),
+        stream,
+        role,
+        crc,
+        ird: ord,
+        ord,
+        rtr,
+        peer_private: Vec::new(),
+    }
+}
+
+/// Runs `a` (initiator) and `b` (responder) over the two ends of a connection and waits
+/// until both are in RTS.
+fn attach(
+    ha: &mut Host,
+    a: &TestQp,
+    hb: &mut Host,
+    b: &TestQp,
+    (client, server): (TcpStream, TcpStream),
+    crc: bool,
+    rtr: Rtr,
+) {
+    hb.dev
+        .attach_stream(hb.ch.id, b.num, est(server, Role::Responder, crc, rtr))
+        .expect("attach responder");
+    ha.dev
+        .attach_stream(ha.ch.id, a.num, est(client, Role::Initiator, crc, rtr))
+        .expect("attach initiator");
+    ha.wait_state(a, QpState::Rts);
+    hb.wait_state(b, QpState::Rts);
+    ha.wait_event(EventKind::QpEstablished);
+    hb.wait_event(EventKind::QpEstablished);
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 12) as u8)
+        .collect()
+}
+
+fn expect(c: &CqeRepr, wr_id: u64, opcode: CqeOpcode, status: CqeStatus) {
+    assert_eq!(
+        (c.wr_id, c.opcode, c.status),
+        (wr_id, opcode, status),
+        "CQE {c:?}"
+    );
+}
+
+/// SEND/RECV, RDMA WRITE and RDMA READ (four outstanding) of `sizes`, verified byte by byte.
+fn transfers(crc: bool, rtr: Rtr, mode: ChannelMode, sizes: &[usize]) {
+    let max = *sizes.iter().max().expect("sizes") as u64;
+    let mut ha = Host::new(1, mode);
+    let mut hb = Host::new(2, mode);
+    let mut a = ha.qp();
+    let mut b = hb.qp();
+    let src = ha.mr(max);
+    let back = ha.mr(max);
+    let dst = hb.mr(max);
+    attach(&mut ha, &a, &mut hb, &b, tcp_pair(), crc, rtr);
+    let mut id = 0u64;
+    for (k, &len) in sizes.iter().enumerate() {
+        let n = len as u32;
+        // SEND into a posted RECV.
+        let data = pattern(len, k as u8);
+        src.fill(0, &data);
+        id += 1;
+        b.post_recv(&hb.dev, id, &[dst.sge(0, n)]);
+        a.post_send(
+            &ha.dev,
+            &wqe(WqeOpcode::Send, id, &[src.sge(0, n)], (0, 0), 0),
+        );
+        expect(&ha.wait(), id, CqeOpcode::Send, CqeStatus::Success);
+        let r = hb.wait();
+        expect(&r, id, CqeOpcode::Recv, CqeStatus::Success);
+        assert_eq!(r.byte_len, n, "RECV length");
+        assert!(dst.read(0, len) == data, "SEND of {len} B: payload differs");
+        // RDMA WRITE to the responder's region, at an offset into it.
+        let data = pattern(len, k as u8 ^ 0x55);
+        src.fill(0, &data);
+        let off = (max as usize - len) / 2;
+        id += 1;
+        a.post_send(
+            &ha.dev,
+            &wqe(
+                WqeOpcode::RdmaWrite,
+                id,
+                &[src.sge(0, n)],
+                (dst.iova + off as u64, dst.keys.rkey),
+                0,
+            ),
+        );
+        expect(&ha.wait(), id, CqeOpcode::RdmaWrite, CqeStatus::Success);
+        // The WRITE's completion says the bytes left; a READ behind it sees them placed.
+        // READ it back in four pieces, all outstanding at once.
+        let pieces = if len >= 4 { 4 } else { 1 };
+        let step = len / pieces;
+        let first = id + 1;
+        for p in 0..pieces {
+            let plen = if p + 1 == pieces {
+                len - step * p
+            } else {
+                step
+            };
+            id += 1;
+            a.post_send(
+                &ha.dev,
+                &wqe(
+                    WqeOpcode::RdmaRead,
+                    id,
+                    &[back.sge((step * p) as u64, plen as u32)],
+                    (dst.iova + (off + step * p) as u64, dst.keys.rkey),
+                    0,
+                ),
+            );
+        }
+        for p in 0..pieces as u64 {
+            expect(
+                &ha.wait(),
+                first + p,
+                CqeOpcode::RdmaRead,
+                CqeStatus::Success,
+            );
+        }
+        assert!(
+            dst.read(off, len) == data,
+            "WRITE of {len} B: payload differs"
+        );
+        assert!(
+            back.read(0, len) == data,
+            "READ of {len} B: payload differs"
+        );
+    }
+    assert_eq!(ha.state(&a), QpState::Rts);
+    assert_eq!(hb.state(&b), QpState::Rts);
+}
+
+#[test]
+fn send_write_read_from_1_byte_to_16_mib_with_crc() {
+    transfers(
+        true,
+        Rtr::Write,
+        ChannelMode::Bypass,
+        &[1, 4096, 1 << 20, 16 << 20],
+    );
+}
+
+#[test]
+fn send_write_read_from_1_byte_to_16_mib_without_crc() {
+    transfers(
+        false,
+        Rtr::Read,
+        ChannelMode::Bypass,
+        &[1, 4096, 1 << 20, 16 << 20],
+    );
+}
+
+#[test]
+fn mediated_channels_run_the_same_data_path() {
+    transfers(true, Rtr::None, ChannelMode::Mediated, &[1, 4096, 100_000]);
+}
+
+#[test]
+fn a_bad_rkey_is_a_remote_access_error_and_the_responder_host_carries_on() {
+    let mut ha = Host::new(1, ChannelMode::Bypass);
+    let mut hb = Host::new(2, ChannelMode::Bypass);
+    let (a, b) = (ha.qp(), hb.qp());
+    let (mut a2, b2) = (ha.qp(), hb.qp());
+    let local = ha.mr(4096);
+    let target = hb.mr(4096);
+    target.fill(0, &[7; 4096]);
+    attach(&mut ha, &a, &mut hb, &b, tcp_pair(), true, Rtr::Write);
+    attach(&mut ha, &a2, &mut hb, &b2, tcp_pair(), true, Rtr::Write);
+    let mut a = a;
+    // An rkey the responder never gave out, then one out of the region's bounds.
+    a.post_send(
+        &ha.dev,
+        &wqe(
+            WqeOpcode::RdmaRead,
+            1,
+            &[local.sge(0, 64)],
+            (target.iova, target.keys.rkey ^ 0x100),
+            0,
+        ),
+    );
+    expect(
+        &ha.wait(),
+        1,
+        CqeOpcode::RdmaRead,
+        CqeStatus::RemoteAccessError,
+    );
+    ha.wait_state(&a, QpState::Error);
+    // The responder's QP of that connection ends (Terminate), its memory is untouched.
+    hb.wait_event(EventKind::QpFatal);
+    hb.wait_state(&b, QpState::Error);
+    assert_eq!(target.read(0, 4096), vec![7; 4096]);
+    // The other connection of the same two hosts is unaffected.
+    a2.post_send(
+        &ha.dev,
+        &wqe(
+            WqeOpcode::RdmaRead,
+            2,
+            &[local.sge(0, 4096)],
+            (target.iova, target.keys.rkey),
+            0,
+        ),
+    );
+    expect(&ha.wait(), 2, CqeOpcode::RdmaRead, CqeStatus::Success);
+    assert_eq!(local.read(0, 4096), vec![7; 4096]);
+    a2.post_send(
+        &ha.dev,
+        &wqe(
+            WqeOpcode::RdmaRead,
+            3,
+            &[local.sge(0, 64)],
+            (target.iova + 4090, target.keys.rkey),
+            0,
+        ),
+    );
+    expect(
+        &ha.wait(),
+        3,
+        CqeOpcode::RdmaRead,
+        CqeStatus::RemoteAccessError,
+    );
+    assert_eq!(hb.state(&b2), QpState::Error);
+}
+
+#[test]
+fn the_peer_closing_mid_transfer_flushes_and_disconnects() {
+    let mut ha = Host::new(1, ChannelMode::Bypass);
+    let mut hb = Host::new(2, ChannelMode::Bypass);
+    let (mut a, b) = (ha.qp(), hb.qp());
+    let src = ha.mr(16 << 20);
+    let dst = hb.mr(16 << 20);
+    attach(&mut ha, &a, &mut hb, &b, tcp_pair(), false, Rtr::Write);
+    let n = 8u64;
+    for id in 1..=n {
+        a.post_send(
+            &ha.dev,
+            &wqe(
+                WqeOpcode::RdmaWrite,
+                id,
+                &[src.sge(0, 16 << 20)],
+                (dst.iova, dst.keys.rkey),
+                0,
+            ),
+        );
+    }
+    // The responder's QP goes away while the WRITEs stream: its socket closes.
+    let first = ha.wait();
+    expect(&first, 1, CqeOpcode::RdmaWrite, CqeStatus::Success);
+    hb.dev.destroy_qp(hb.ch.id, b.num).expect("destroy");
+    let mut statuses = vec![first.status];
+    for id in 2..=n {
+        let c = ha.wait();
+        assert_eq!(c.wr_id, id, "completions in order");
+        statuses.push(c.status);
+    }
+    assert!(
+        statuses.contains(&CqeStatus::WrFlushError),
+        "the WRITEs that could not go out are flushed: {statuses:?}"
+    );
+    // Once one failed, all later ones are flushed.
+    let bad = statuses
+        .iter()
+        .position(|s| *s != CqeStatus::Success)
+        .expect("a failure");
+    assert!(statuses[bad + 1..]
+        .iter()
+        .all(|s| *s == CqeStatus::WrFlushError));
+    ha.wait_state(&a, QpState::Error);
+    ha.wait_event(EventKind::QpDisconnected);
+    // Later work is flushed at once; the device still serves new connections.
+    a.post_send(
+        &ha.dev,
+        &wqe(
+            WqeOpcode::RdmaWrite,
+            99,
+            &[src.sge(0, 8)],
+            (dst.iova, dst.keys.rkey),
+            0,
+        ),
+    );
+    expect(
+        &ha.wait(),
+        99,
+        CqeOpcode::RdmaWrite,
+        CqeStatus::WrFlushError,
+    );
+    let (mut a2, b2) = (ha.qp(), hb.qp());
+    attach(&mut ha, &a2, &mut hb, &b2, tcp_pair(), false, Rtr::Write);
+    src.fill(0, b"again");
+    a2.post_send(
+        &ha.dev,
+        &wqe(
+            WqeOpcode::RdmaWrite,
+            100,
+            &[src.sge(0, 5)],
+            (dst.iova, dst.keys.rkey),
+            0,
+        ),
+    );
+    expect(&ha.wait(), 100, CqeOpcode::RdmaWrite, CqeStatus::Success);
+}
+
+/// Copies bytes from `from` to `to` until either end closes; flips byte `corrupt` (counted
+/// from the start of the stream) once.
+fn forward(mut from: TcpStream, mut to: TcpStream, corrupt: Option<usize>) {
+    let mut buf = vec![0u8; 64 << 10];
+    let mut at = 0usize;
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if let Some(k) = corrupt {
+            if k >= at && k < at + n {
+                buf[k - at] ^= 0x01;
+            }
+        }
+        at += n;
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Both);
+    let _ = from.shutdown(std::net::Shutdown::Both);
+}
+
+#[test]
+fn a_byte_corrupted_in_flight_is_a_crc_error_that_fails_both_ends() {
+    let mut ha = Host::new(1, ChannelMode::Bypass);
+    let mut hb = Host::new(2, ChannelMode::Bypass);
+    let (mut a, b) = (ha.qp(), hb.qp());
+    let src = ha.mr(1 << 20);
+    let dst = hb.mr(1 << 20);
+    src.fill(0, &pattern(1 << 20, 3));
+    // a <-> proxy <-> b: the proxy flips one byte of the first WRITE's payload.
+    let (a_end, p_in) = tcp_pair();
+    let (p_out, b_end) = tcp_pair();
+    let (i2, o2) = (
+        p_in.try_clone().expect("clone"),
+        p_out.try_clone().expect("clone"),
+    );
+    let t1 = std::thread::spawn(move || forward(p_in, p_out, Some(5000)));
+    let t2 = std::thread::spawn(move || forward(o2, i2, None));
+    attach(&mut ha, &a, &mut hb, &b, (a_end, b_end), true, Rtr::Write);
+    a.post_send(
+        &ha.dev,
+        &wqe(
+            WqeOpcode::RdmaWrite,
+            1,
+            &[src.sge(0, 1 << 20)],
+            (dst.iova, dst.keys.rkey),
+            0,
+        ),
+    );
+    // The WRITE left (its completion says so); the responder finds the CRC wrong, sends a
+    // Terminate and fails; the requester fails on the Terminate.
+    let c = ha.wait();
+    assert_eq!(c.wr_id, 1);
+    hb.wait_event(EventKind::QpFatal);
+    hb.wait_state(&b, QpState::Error);
+    ha.wait_event(EventKind::QpFatal);
+    ha.wait_state(&a, QpState::Error);
+    a.post_send(
+        &ha.dev,
+        &wqe(
+            WqeOpcode::RdmaRead,
+            2,
+            &[src.sge(0, 8)],
+            (dst.iova, dst.keys.rkey),
+            0,
+        ),
+    );
+    expect(&ha.wait(), 2, CqeOpcode::RdmaRead, CqeStatus::WrFlushError);
+    t1.join().expect("proxy");
+    t2.join().expect("proxy");
+}
+
+#[test]
+fn many_qps_over_separate_connections() {
+    let mut ha = Host::new(1, ChannelMode::Bypass);
+    let mut hb = Host::new(2, ChannelMode::Bypass);
+    // A doorbell page has 31 slots: the CQ and 14 QPs of two queues each.
+    let k = 14;
+    let mut pairs = Vec::new();
+    for i in 0..k {
+        let (a, b) = (ha.qp(), hb.qp());
+        let crc = i % 2 == 0;
+        attach(&mut ha, &a, &mut hb, &b, tcp_pair(), crc, Rtr::Write);
+        let src = ha.mr(64 << 10);
+        let dst = hb.mr(64 << 10);
+        src.fill(0, &pattern(64 << 10, i as u8));
+        pairs.push((a, b, src, dst));
+    }
+    // Every pair: a SEND and a WRITE at once, all connections busy together.
+    for (i, (a, b, src, dst)) in pairs.iter_mut().enumerate() {
+        let id = 10 * i as u64;
+        b.post_recv(&hb.dev, id, &[dst.sge(0, 32 << 10)]);
+        a.post_send(
+            &ha.dev,
+            &wqe(WqeOpcode::Send, id, &[src.sge(0, 32 << 10)], (0, 0), 0),
+        );
+        a.post_send(
+            &ha.dev,
+            &wqe(
+                WqeOpcode::RdmaWrite,
+                id + 1,
+                &[src.sge(32 << 10, 32 << 10)],
+                (dst.iova + (32 << 10), dst.keys.rkey),
+                0,
+            ),
+        );
+    }
+    let mut sends = 0;
+    let mut recvs = 0;
+    for _ in 0..3 * k {
+        let c = ha.cq.poll(&ha.dev).or_else(|| hb.cq.poll(&hb.dev));
+        let c = match c {
+            Some(c) => c,
+            None => {
+                let start = Instant::now();
+                loop {
+                    if let Some(c) = ha.cq.poll(&ha.dev).or_else(|| hb.cq.poll(&hb.dev)) {
+                        break c;
+                    }
+                    assert!(start.elapsed() < HANG, "completions missing");
+                    std::thread::yield_now();
+                }
+            }
+        };
+        assert_eq!(c.status, CqeStatus::Success, "{c:?}");
+        if c.opcode == CqeOpcode::Recv {
+            recvs += 1;
+        } else {
+            sends += 1;
+        }
+    }
+    assert_eq!((sends, recvs), (2 * k, k));
+    for (i, (a, _, _, dst)) in pairs.iter_mut().enumerate() {
+        // A READ behind the WRITE sees its bytes.
+        let back = ha.mr(64 << 10);
+        a.post_send(
+            &ha.dev,
+            &wqe(
+                WqeOpcode::RdmaRead,
+                1000 + i as u64,
+                &[back.sge(0, 64 << 10)],
+                (dst.iova, dst.keys.rkey),
+                0,
+            ),
+        );
+        expect(
+            &ha.wait(),
+            1000 + i as u64,
+            CqeOpcode::RdmaRead,
+            CqeStatus::Success,
+        );
+        assert!(
+            back.read(0, 64 << 10) == pattern(64 << 10, i as u8),
+            "pair {i}"
+        );
+        assert!(
+            dst.read(0, 64 << 10) == pattern(64 << 10, i as u8),
+            "pair {i}"
+        );
+    }
+}
+
+/// Reads one FPDU (CRC off) from a raw peer socket: (ULPDU bytes).
+fn read_fpdu(s: &mut TcpStream) -> Vec<u8> {
+    let mut len = [0u8; 2];
+    s.read_exact(&mut len).expect("FPDU length");
+    let ulpdu = usize::from(u16::from_be_bytes(len));
+    let pad = (4 - (2 + ulpdu) % 4) % 4;
+    let mut rest = vec![0u8; ulpdu + pad + 4];
+    s.read_exact(&mut rest).expect("FPDU");
+    rest.truncate(ulpdu);
+    rest
+}
+
+#[test]
+fn a_write_to_an_unknown_stag_is_answered_with_a_ddp_tagged_terminate() {
+    let mut hb = Host::new(2, ChannelMode::Bypass);
+    let b = hb.qp();
+    let mr = hb.mr(4096);
+    let (mut raw, server) = tcp_pair();
+    hb.dev
+        .attach_stream(
+            hb.ch.id,
+            b.num,
+            est(server, Role::Responder, false, Rtr::None),
+        )
+        .expect("attach");
+    hb.wait_state(&b, QpState::Rts);
+    // A tagged last RDMA WRITE of 4 bytes: DDP T|L|DV=1, RDMAP RV=1 op 0, STag, TO, data.
+    let mut f = Vec::new();
+    f.extend_from_slice(&18u16.to_be_bytes());
+    f.extend_from_slice(&[0xc1, 0x40]);
+    f.extend_from_slice(&(mr.keys.rkey ^ 0x2_0000).to_be_bytes());
+    f.extend_from_slice(&mr.iova.to_be_bytes());
+    f.extend_from_slice(b"abcd");
+    f.extend_from_slice(&[0u8; 4]); // no pad (2 + 18 = 20), CRC field (off: zero)
+    raw.write_all(&f).expect("send FPDU");
+    let t = read_fpdu(&mut raw);
+    // Untagged last, RDMAP Terminate on QN 2, MSN 1, MO 0.
+    assert_eq!(t[..2], [0x41, 0x47], "Terminate header");
+    assert_eq!(t[6..18], [0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0]);
+    // Layer DDP (1), tagged buffer error (1), invalid STag (0), the M and D flags, then the
+    // offending segment's MPA length and DDP header quoted (as siw does).
+    assert_eq!(t[18..22], [0x11, 0x00, 0xc0, 0x00], "Terminate control");
+    assert_eq!(t[22..38], f[..16], "quoted MPA length and DDP header");
+    hb.wait_event(EventKind::QpFatal);
+    hb.wait_state(&b, QpState::Error);
+    // The stream is closed after the Terminate.
+    let mut rest = Vec::new();
+    let _ = raw.read_to_end(&mut rest);
+    assert_eq!(mr.read(0, 4), vec![0; 4], "nothing placed");
+}
+
+#[test]
+fn a_read_request_beyond_the_region_is_answered_with_an_rdmap_protection_terminate() {
+    let mut hb = Host::new(2, ChannelMode::Bypass);
+    let b = hb.qp();
+    let mr = hb.mr(4096);
+    let (mut raw, server) = tcp_pair();
+    hb.dev
+        .attach_stream(
+            hb.ch.id,
+            b.num,
+            est(server, Role::Responder, false, Rtr::None),
+        )
+        .expect("attach");
+    hb.wait_state(&b, QpState::Rts);
+    // Read Request: untagged last, op 1, QN 1, MSN 1, MO 0; sink STag/TO, size, source.
+    let mut f = Vec::new();
+    f.extend_from_slice(&46u16.to_be_bytes());
+    f.extend_from_slice(&[0x41, 0x41, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0]);
+    f.extend_from_slice(&9u32.to_be_bytes());
+    f.extend_from_slice(&0u64.to_be_bytes());
+    f.extend_from_slice(&8u32.to_be_bytes());
+    f.extend_from_slice(&mr.keys.rkey.to_be_bytes());
+    f.extend_from_slice(&(mr.iova + 4092).to_be_bytes());
+    f.extend_from_slice(&[0u8; 4]); // 2 + 46 = 48: no pad; CRC field
+    raw.write_all(&f).expect("send FPDU");
+    let t = read_fpdu(&mut raw);
+    assert_eq!(t[..2], [0x41, 0x47], "Terminate header");
+    // Layer RDMAP (0), remote protection (1), base or bounds violation (1), M, D and R.
+    assert_eq!(t[18..22], [0x01, 0x01, 0xe0, 0x00], "Terminate control");
+    assert_eq!(t[22..42], f[..20], "quoted MPA length and DDP header");
+    assert_eq!(t[42..70], f[20..48], "quoted Read Request");
+    hb.wait_state(&b, QpState::Error);
+}
+
+/// Waits until the engine serving the host's channel sleeps.
+fn wait_asleep(h: &Host) {
+    let start = Instant::now();
+    while !h.dev.engine_diag(h.ch.id).expect("engine").asleep {
+        assert!(start.elapsed() < HANG, "the engine never went to sleep");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn a_send_waits_for_its_recv_and_idle_engines_sleep() {
+    let mut ha = Host::new(1, ChannelMode::Bypass);
+    let mut hb = Host::new(2, ChannelMode::Bypass);
+    let (mut a, mut b) = (ha.qp(), hb.qp());
+    let src = ha.mr(4096);
+    let dst = hb.mr(4096);
+    attach(&mut ha, &a, &mut hb, &b, tcp_pair(), true, Rtr::Write);
+    // Connected and idle: both engines sleep (the sockets wake them).
+    wait_asleep(&ha);
+    wait_asleep(&hb);
+    let data = pattern(4096, 9);
+    src.fill(0, &data);
+    let mut w = wqe(WqeOpcode::Send, 1, &[src.sge(0, 4096)], (0, 0), 0);
+    w.flags |= shared_ring::abi::wqe::flags::SOLICITED;
+    a.post_send(&ha.dev, &w);
+    expect(&ha.wait(), 1, CqeOpcode::Send, CqeStatus::Success);
+    // No RECV yet: the message waits in the stream (no error, no completion).
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(hb.cq.poll(&hb.dev).is_none());
+    assert_eq!(hb.state(&b), QpState::Rts);
+    b.post_recv(&hb.dev, 2, &[dst.sge(0, 4096)]);
+    let r = hb.wait();
+    expect(&r, 2, CqeOpcode::Recv, CqeStatus::Success);
+    assert_eq!(r.byte_len, 4096);
+    assert_ne!(
+        r.flags & shared_ring::abi::cqe::flags::SOLICITED,
+        0,
+        "solicited"
+    );
+    assert!(dst.read(0, 4096) == data);
+    wait_asleep(&ha);
+    wait_asleep(&hb);
+    // A sleeping responder is woken by the next message.
+    b.post_recv(&hb.dev, 3, &[dst.sge(0, 4096)]);
+    wait_asleep(&hb);
+    a.post_send(
+        &ha.dev,
+        &wqe(WqeOpcode::Send, 4, &[src.sge(0, 16)], (0, 0), 0),
+    );
+    expect(&ha.wait(), 4, CqeOpcode::Send, CqeStatus::Success);
+    expect(&hb.wait(), 3, CqeOpcode::Recv, CqeStatus::Success);
+}
+
+#[test]
+fn garbage_from_a_peer_fails_only_its_qp() {
+    let mut hb = Host::new(2, ChannelMode::Bypass);
+    let mr = hb.mr(4096);
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed as u8
+    };
+    let mut cases: Vec<Vec<u8>> = vec![
+        vec![0, 0, 0, 0],                    // ULPDU shorter than any header
+        vec![0xff, 0xff, 0x41, 0x47],        // a Terminate longer than allowed
+        vec![0, 18, 0x41, 0x43, 0, 0, 0, 0], // a SEND cut short, then the end of stream
+        vec![0, 14, 0xc1, 0x42, 0, 0, 0, 1], // a Read Response nobody asked for
+        vec![0, 18, 0x41, 0x48, 0, 0, 0, 0], // opcode 8
+        vec![0, 18, 0x42, 0x43, 0, 0, 0, 0], // DDP version 2
+    ];
+    for _ in 0..4 {
+        cases.push((0..4000).map(|_| rnd()).collect());
+    }
+    // A good SEND no RECV is posted for, then the end of the stream: the QP must not wait
+    // for the RECV forever.
+    let mut send = vec![
+        0, 22, 0x41, 0x43, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0,
+    ];
+    send.extend_from_slice(b"data");
+    send.extend_from_slice(&[0; 4]);
+    cases.push(send);
+    for (i, bytes) in cases.iter().enumerate() {
+        let b = hb.qp();
+        let (mut raw, server) = tcp_pair();
+        hb.dev
+            .attach_stream(
+                hb.ch.id,
+                b.num,
+                est(server, Role::Responder, i % 2 == 0, Rtr::None),
+            )
+            .expect("attach");
+        hb.wait_state(&b, QpState::Rts);
+        let mut pad = bytes.clone();
+        pad.resize(bytes.len().max(64), 0);
+        let _ = raw.write_all(&pad);
+        let _ = raw.shutdown(std::net::Shutdown::Write);
+        hb.wait_state(&b, QpState::Error);
+        hb.dev.destroy_qp(hb.ch.id, b.num).expect("destroy");
+    }
+    assert_eq!(mr.read(0, 4096), vec![0; 4096], "nothing placed");
+    // The device still runs connections.
+    let mut ha = Host::new(1, ChannelMode::Bypass);
+    let (mut a, b) = (ha.qp(), hb.qp());
+    let src = ha.mr(64);
+    src.fill(0, &[5; 64]);
+    attach(&mut ha, &a, &mut hb, &b, tcp_pair(), true, Rtr::Write);
+    a.post_send(
+        &ha.dev,
+        &wqe(
+            WqeOpcode::RdmaWrite,
+            1,
+            &[src.sge(0, 64)],
+            (mr.iova, mr.keys.rkey),
+            0,
+        ),
+    );
+    expect(&ha.wait(), 1, CqeOpcode::RdmaWrite, CqeStatus::Success);
+    let start = Instant::now();
+    while mr.read(0, 64) != vec![5; 64] {
+        assert!(start.elapsed() < HANG, "WRITE not placed");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn reads_beyond_ord_wait_their_turn() {
+    let mut ha = Host::new(1, ChannelMode::Bypass);
+    let mut hb = Host::new(2, ChannelMode::Bypass);
+    let (mut a, b) = (ha.qp(), hb.qp());
+    let local = ha.mr(6 << 16);
+    let remote = hb.mr(6 << 16);
+    remote.fill(0, &pattern(6 << 16, 77));
+    let (client, server) = tcp_pair();
+    hb.dev
+        .attach_stream(
+            hb.ch.id,
+            b.num,
+            est_ord(server, Role::Responder, true, Rtr::Write, 2),
+        )
+        .expect("attach");
+    ha.dev
+        .attach_stream(
+            ha.ch.id,
+            a.num,
+            est_ord(client, Role::Initiator, true, Rtr::Write, 2),
+        )
+        .expect("attach");
+    ha.wait_state(&a, QpState::Rts);
+    hb.wait_state(&b, QpState::Rts);
+    // Six READs with ORD 2: the later ones wait at the head of the SQ; all complete, in
+    // order, with their bytes.
+    for i in 0..6u64 {
+        a.post_send(
+            &ha.dev,
+            &wqe(
+                WqeOpcode::RdmaRead,
+                i,
+                &[local.sge(i << 16, 1 << 16)],
+                (remote.iova + (i << 16), remote.keys.rkey),
+                0,
+            ),
+        );
+    }
+    for i in 0..6u64 {
+        expect(&ha.wait(), i, CqeOpcode::RdmaRead, CqeStatus::Success);
+    }
+    assert!(local.read(0, 6 << 16) == pattern(6 << 16, 77));
+}
+
+#[test]
+fn read_requests_beyond_ird_are_terminated() {
+    let mut hb = Host::new(2, ChannelMode::Bypass);
+    let b = hb.qp();
+    let mr = hb.mr(4096);
+    let (mut raw, server) = tcp_pair();
+    hb.dev
+        .attach_stream(
+            hb.ch.id,
+            b.num,
+            est_ord(server, Role::Responder, false, Rtr::None, 1),
+        )
+        .expect("attach");
+    hb.wait_state(&b, QpState::Rts);
+    // Three 4 KiB Read Requests in one segment: IRD is 1.
+    let mut f = Vec::new();
+    for msn in 1..=3u32 {
+        f.extend_from_slice(&46u16.to_be_bytes());
+        f.extend_from_slice(&[0x41, 0x41, 0, 0, 0, 0, 0, 0, 0, 1]);
+        f.extend_from_slice(&msn.to_be_bytes());
+        f.extend_from_slice(&[0, 0, 0, 0]);
+        f.extend_from_slice(&9u32.to_be_bytes());
+        f.extend_from_slice(&0u64.to_be_bytes());
+        f.extend_from_slice(&4096u32.to_be_bytes());
+        f.extend_from_slice(&mr.keys.rkey.to_be_bytes());
+        f.extend_from_slice(&mr.iova.to_be_bytes());
+        f.extend_from_slice(&[0u8; 4]);
+    }
+    raw.write_all(&f).expect("send");
+    // Read Responses may come first; then a Terminate: DDP untagged, MSN out of range.
+    let start = Instant::now();
+    loop {
+        assert!(start.elapsed() < HANG, "no Terminate");
+        let t = read_fpdu(&mut raw);
+        if t[1] & 0xf == 7 {
+            assert_eq!(t[18..20], [0x12, 0x03], "Terminate layer/type and code");
+            break;
+        }
+        assert_eq!(t[1] & 0xf, 2, "a Read Response");
+    }
+    hb.wait_state(&b, QpState::Error);
+}
+
+#[test]
+fn closing_the_peer_channel_disconnects_the_qp() {
+    let mut ha = Host::new(1, ChannelMode::Bypass);
+    let mut hb = Host::new(2, ChannelMode::Bypass);
+    let (mut a, b) = (ha.qp(), hb.qp());
+    let local = ha.mr(4096);
+    attach(&mut ha, &a, &mut hb, &b, tcp_pair(), true, Rtr::Read);
+    a.post_recv(&ha.dev, 1, &[local.sge(0, 4096)]);
+    hb.dev.close_channel(hb.ch.id);
+    ha.wait_event(EventKind::QpDisconnected);
+    ha.wait_state(&a, QpState::Error);
+    expect(&ha.wait(), 1, CqeOpcode::Recv, CqeStatus::WrFlushError);
+}
