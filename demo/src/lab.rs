@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
-use vrdma_backend::config::{Config, SIM_DEFAULT_ADDRESS};
+use vrdma_backend::config::{Config, MpaCrc, SIM_DEFAULT_ADDRESS};
 use vrdma_backend::control::policy::CmPolicy;
 use vrdma_backend::control::ControlOpener;
 use vrdma_backend::daemon::host::{self, HostChoice};
@@ -59,6 +59,15 @@ pub fn backend_config(address: Option<IpAddr>) -> Result<(Config, bool)> {
     )
 }
 
+/// Settings of a host's backend that differ from the default configuration.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Tuning {
+    /// `spin-before-sleep-us`: how long the engine polls after work before it sleeps.
+    pub engine_spin_us: Option<u64>,
+    /// `[cm] crc`: the MPA CRC policy.
+    pub crc: Option<MpaCrc>,
+}
+
 /// Progress on stdout.
 pub fn step(what: &str) {
     println!("vrdma-demo: {what}");
@@ -72,16 +81,15 @@ impl Lab {
     /// A simulated host named `name` (in the demo's messages) whose backend has `address`;
     /// several run side by side in one process, each in its own directory.
     pub fn start_host(dir: Option<&Path>, name: &str, address: Option<IpAddr>) -> Result<Lab> {
-        Lab::start_host_with(dir, name, address, None)
+        Lab::start_host_with(dir, name, address, Tuning::default())
     }
 
-    /// [`Lab::start_host`] whose backend engine polls `engine_spin_us` µs after work before it
-    /// sleeps (the configuration's `spin-before-sleep-us`; `None`: the default).
+    /// [`Lab::start_host`] with the backend configuration changed by `tuning`.
     pub fn start_host_with(
         dir: Option<&Path>,
         name: &str,
         address: Option<IpAddr>,
-        engine_spin_us: Option<u64>,
+        tuning: Tuning,
     ) -> Result<Lab> {
         let label = if name.is_empty() {
             String::new()
@@ -121,8 +129,11 @@ impl Lab {
             }
         ));
         let mut config = config;
-        if let Some(us) = engine_spin_us {
+        if let Some(us) = tuning.engine_spin_us {
             config.spin_before_sleep_us = us;
+        }
+        if let Some(crc) = tuning.crc {
+            config.cm.crc = crc;
         }
         // As `vrdma-backend` does: the device's addresses (the config's, else 127.0.0.1 on a
         // simulated host) and its connection manager, with the `[cm]` policy.

@@ -8,7 +8,9 @@
 //!
 //! `cargo run --release --bin vrdma-demo` (add `-- --quick` for a few seconds' version).
 //!
-//! `--hosts 2` is the inter-host case (issue 12): two embedded simulated hosts in this process,
+//! The default run does both parts, the intra-host tour and then the inter-host case
+//! (`--hosts 1` or `--hosts 2`: one of them). The inter-host case (issue 12): two embedded
+//! simulated hosts in this process,
 //! host A with its backend at 127.0.0.2 and host B at 127.0.0.3, a guest domain on each, and
 //! the inter-host rows of the targets table: `vrdma-perf --cm` between guest-a (client, host A)
 //! and guest-b (server, host B) — the QPs connected through the two backends' connection
@@ -24,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
 use clap::Parser;
-use vrdma_demo::lab::{step, Guest, Lab};
+use vrdma_demo::lab::{step, Guest, Lab, Tuning};
 use vrdma_perf::PerfArgs;
 use xen_platform::DomId;
 
@@ -61,19 +63,43 @@ struct Cli {
     /// Only these tests (comma-separated; default: all, or send_lat,write_bw with --quick).
     #[arg(long, value_delimiter = ',')]
     tests: Vec<String>,
-    /// Where to put the simulated host (default: a fresh directory under /tmp, removed at the end).
-    #[arg(long, conflicts_with = "hosts")]
+    /// Where to put the intra-host tour's simulated host (default: a fresh directory under
+    /// /tmp, removed at the end; the inter-host case's two hosts always get fresh ones).
+    #[arg(long)]
     dir: Option<PathBuf>,
-    /// 1: the intra-host tour (two guests on one host). 2: the inter-host case (two simulated
-    /// hosts, 127.0.0.2 and 127.0.0.3, and the TCP baselines between them).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
-    hosts: u8,
+    /// 1: only the intra-host tour (two guests on one host). 2: only the inter-host case (two
+    /// simulated hosts, 127.0.0.2 and 127.0.0.3, vrdma between their guests beside raw TCP
+    /// between the two addresses). Default: both, one after the other.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=2))]
+    hosts: Option<u8>,
     /// With --hosts 2: how long each backend's engine keeps polling after work before it
     /// sleeps in epoll (µs; the backend's `spin-before-sleep-us`). Default: the backend's own
     /// (200) when this machine has at least 4 cores, else 0 — two engines, a client and a
     /// server all spinning on fewer cores wait for each other's time slices.
     #[arg(long, value_name = "US")]
     engine_spin_us: Option<u64>,
+    /// With --hosts 2: the backends' MPA CRC policy (`[cm] crc`; default offer: CRC32c on
+    /// every FPDU between two vrdma backends). `decline` on both: no CRC.
+    #[arg(long, value_enum, value_name = "POLICY")]
+    mpa_crc: Option<Crc>,
+}
+
+/// `[cm] crc` on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Crc {
+    Offer,
+    Require,
+    Decline,
+}
+
+impl From<Crc> for vrdma_backend::config::MpaCrc {
+    fn from(c: Crc) -> Self {
+        match c {
+            Crc::Offer => Self::Offer,
+            Crc::Require => Self::Require,
+            Crc::Decline => Self::Decline,
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -95,10 +121,22 @@ fn main() -> ExitCode {
     }
     vrdma_perf::init_tracing();
     let cli = Cli::parse();
-    let r = if cli.hosts == 2 {
-        inter_host(&cli)
-    } else {
-        demo(&cli)
+    let r = match cli.hosts {
+        Some(1) => demo(&cli),
+        Some(_) => inter_host(&cli),
+        // Both: the inter-host rows add a few seconds to the tour (docs/benchmarks.md).
+        None => {
+            let t0 = Instant::now();
+            demo(&cli).and_then(|()| {
+                println!();
+                inter_host(&cli)?;
+                step(&format!(
+                    "intra-host tour and inter-host rows done in {:.1} s",
+                    t0.elapsed().as_secs_f64()
+                ));
+                Ok(())
+            })
+        }
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -456,8 +494,12 @@ fn inter_host(cli: &Cli) -> Result<()> {
     step(&format!(
         "inter-host: two simulated hosts on this machine, host A (backend at {HOST_A}) and host B (backend at {HOST_B})"
     ));
-    let mut a = Lab::start_host_with(None, "A", Some(HOST_A.parse()?), Some(spin))?;
-    let mut b = match Lab::start_host_with(None, "B", Some(HOST_B.parse()?), Some(spin)) {
+    let tuning = Tuning {
+        engine_spin_us: Some(spin),
+        crc: cli.mpa_crc.map(Into::into),
+    };
+    let mut a = Lab::start_host_with(None, "A", Some(HOST_A.parse()?), tuning)?;
+    let mut b = match Lab::start_host_with(None, "B", Some(HOST_B.parse()?), tuning) {
         Ok(b) => b,
         Err(e) => {
             let _ = a.stop();
@@ -470,6 +512,14 @@ fn inter_host(cli: &Cli) -> Result<()> {
         step(&format!(
             "guest-a is domain {} on host A, guest-b is domain {} on host B",
             ga.0, gb.0
+        ));
+        step(&format!(
+            "MPA CRC policy of both backends: {}",
+            match cli.mpa_crc {
+                None | Some(Crc::Offer) => "offer (the default: CRC32c on every FPDU between them)",
+                Some(Crc::Require) => "require (CRC32c on every FPDU)",
+                Some(Crc::Decline) => "decline (no CRC: neither asks)",
+            }
         ));
         step(&format!(
             "each backend's engine polls {spin} µs after work, then sleeps in epoll{}; \
