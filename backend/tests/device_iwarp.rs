@@ -883,3 +883,113 @@ fn closing_the_peer_channel_disconnects_the_qp() {
     ha.wait_state(&a, QpState::Error);
     expect(&ha.wait(), 1, CqeOpcode::Recv, CqeStatus::WrFlushError);
 }
+
+/// Reads FPDUs from a raw peer socket through `iwarp-proto`'s decoder (CRC checked) up to
+/// and including the first Read Request; returns their ULPDUs.
+fn decode_to_read_request(s: &mut TcpStream, crc: bool) -> Vec<Vec<u8>> {
+    let mut dec = iwarp_proto::fpdu::FpduDecoder::new(65535, crc);
+    let mut out: Vec<Vec<u8>> = Vec::new();
+    let mut buf = vec![0u8; 64 << 10];
+    let start = Instant::now();
+    loop {
+        while let Some(u) = dec.next_ulpdu().expect("iwarp-proto accepts the FPDU") {
+            out.push(u.to_vec());
+            if u.len() > 1 && u[1] & 0xf == 1 {
+                return out;
+            }
+        }
+        assert!(start.elapsed() < HANG, "only {} ULPDUs", out.len());
+        let k = s.read(&mut buf).expect("read");
+        assert!(k > 0, "end of stream after {} ULPDUs", out.len());
+        dec.push(&buf[..k]);
+    }
+}
+
+#[test]
+fn what_the_device_sends_parses_with_the_iwarp_proto_codec() {
+    use iwarp_proto::ddp::BufferModel;
+    use iwarp_proto::message::{Body, MessageRepr};
+    use iwarp_proto::rdmap::Opcode;
+    for crc in [true, false] {
+        let mut ha = Host::new(1, ChannelMode::Bypass);
+        let mut a = ha.qp();
+        let src = ha.mr(200_000);
+        let sink = ha.mr(4096);
+        src.fill(0, &pattern(200_000, 5));
+        let (client, mut raw) = tcp_pair();
+        ha.dev
+            .attach_stream(
+                ha.ch.id,
+                a.num,
+                est(client, Role::Initiator, crc, Rtr::Write),
+            )
+            .expect("attach");
+        ha.wait_state(&a, QpState::Rts);
+        let mut w = wqe(WqeOpcode::Send, 1, &[src.sge(0, 100_000)], (0, 0), 0);
+        w.flags |= shared_ring::abi::wqe::flags::SOLICITED;
+        a.post_send(&ha.dev, &w);
+        a.post_send(
+            &ha.dev,
+            &wqe(
+                WqeOpcode::RdmaWrite,
+                2,
+                &[src.sge(100_000, 100_000)],
+                (0xabcd_0000, 0x1235),
+                0,
+            ),
+        );
+        a.post_send(
+            &ha.dev,
+            &wqe(
+                WqeOpcode::RdmaRead,
+                3,
+                &[sink.sge(8, 64)],
+                (0x5000, 0x77),
+                0,
+            ),
+        );
+        // RTR, the SEND and the WRITE (cut at the MSS), the Read Request.
+        let ulpdus = decode_to_read_request(&mut raw, crc);
+        let msgs: Vec<MessageRepr<'_>> = ulpdus
+            .iter()
+            .map(|u| MessageRepr::parse(u).expect("iwarp-proto parses the ULPDU"))
+            .collect();
+        assert_eq!(msgs[0].opcode, Opcode::Write, "RTR");
+        assert_eq!(msgs[0].payload.len(), 0);
+        let sends = msgs.iter().filter(|m| m.opcode == Opcode::SendSe).count();
+        let writes = msgs.iter().filter(|m| m.opcode == Opcode::Write).count() - 1;
+        assert_eq!(msgs.len(), 1 + sends + writes + 1);
+        assert!(sends >= 2, "100 kB in FPDUs no larger than the MSS");
+        let mut sent = Vec::new();
+        for (i, m) in msgs[1..=sends].iter().enumerate() {
+            assert_eq!(m.opcode, Opcode::SendSe);
+            let BufferModel::Untagged { qn, msn, mo, .. } = m.ddp.model else {
+                panic!("SEND is untagged");
+            };
+            assert_eq!((qn, msn, mo as usize), (0, 1, sent.len()));
+            assert_eq!(m.ddp.last, i + 1 == sends);
+            sent.extend_from_slice(&ulpdus[1 + i][m.payload.clone()]);
+        }
+        assert!(sent == pattern(200_000, 5)[..100_000], "SEND payload");
+        let mut written = Vec::new();
+        for (i, m) in msgs[1 + sends..1 + sends + writes].iter().enumerate() {
+            assert_eq!(m.opcode, Opcode::Write);
+            let BufferModel::Tagged { stag, to } = m.ddp.model else {
+                panic!("WRITE is tagged");
+            };
+            assert_eq!((stag, to), (0x1235, 0xabcd_0000 + written.len() as u64));
+            assert_eq!(m.ddp.last, i + 1 == writes);
+            written.extend_from_slice(&ulpdus[1 + sends + i][m.payload.clone()]);
+        }
+        assert!(written == pattern(200_000, 5)[100_000..], "WRITE payload");
+        let m = &msgs[1 + sends + writes];
+        assert_eq!(m.opcode, Opcode::ReadRequest);
+        let Body::ReadRequest(r) = m.body else {
+            panic!("Read Request body");
+        };
+        assert_eq!(
+            (r.sink_stag, r.size, r.source_stag, r.source_to),
+            (sink.keys.lkey, 64, 0x77, 0x5000)
+        );
+    }
+}

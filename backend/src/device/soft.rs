@@ -1002,6 +1002,8 @@ impl SoftDevice {
 
 impl Inner {
     /// See [`SoftDevice::attach_stream`] (the connection manager's thread has an `Inner`).
+    /// If it fails, the connection manager moves the QP to Error, sends `ConnectUnreachable`
+    /// and drops `est` (closing the TCP connection).
     pub(crate) fn attach_stream(
         &self,
         ch: ChannelId,

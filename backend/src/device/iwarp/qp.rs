@@ -451,7 +451,10 @@ fn wind_down(qp: &Qp, r: &RemoteQp, c: &mut Conn) -> bool {
         did |= out;
         if drained {
             c.dead = true;
-            let _ = c.sock.shutdown(Shutdown::Both);
+            // Only our direction: closing the receive side with unread bytes in it would
+            // answer with a reset, and a reset may destroy the Terminate before the peer has
+            // read it. The socket closes for good when the QP is destroyed.
+            let _ = c.sock.shutdown(Shutdown::Write);
             c.tell(qp);
             did = true;
         }

@@ -134,7 +134,7 @@ pub(crate) fn run(
                     Ok(n) => {
                         did = true;
                         c.rx.have += n;
-                        if c.rx.have < need {
+                        if c.rx.have < need && !r.hup.load(Ordering::Relaxed) {
                             r.rx_ready.store(false, Ordering::Relaxed);
                             break;
                         }
@@ -202,7 +202,10 @@ pub(crate) fn run(
         if f.got == f.plen && c.rx.tail == f.pad + CRC_LEN && !finish(qp, c) {
             return true;
         }
-        if n < want {
+        // A short read means the socket is empty for now (its next event says when not),
+        // unless the peer's FIN came with the data: its event is spent, so read on to the
+        // end of the stream.
+        if n < want && !r.hup.load(Ordering::Relaxed) {
             r.rx_ready.store(false, Ordering::Relaxed);
             break;
         }
