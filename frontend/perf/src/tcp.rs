@@ -172,9 +172,13 @@ mod tests {
         for (_, rows) in &r.pingpong {
             let sizes: Vec<usize> = rows.iter().map(|x| x.bytes).collect();
             assert_eq!(sizes, [64, 4096]);
-            assert!(rows
-                .iter()
-                .all(|x| x.iterations == 200 && x.t_typical > 0.0));
+            // At most --iters round trips; at least 100 when the 1 s cap ends them first (a
+            // loaded machine: the busy-polled pair shares the cores with everything else).
+            assert!(
+                rows.iter()
+                    .all(|x| (100..=200).contains(&x.iterations) && x.t_typical > 0.0),
+                "{rows:?}"
+            );
         }
         let t = r.text();
         assert!(t.contains("TCP 127.0.0.2 -> 127.0.0.3"), "{t}");
