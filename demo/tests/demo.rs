@@ -128,9 +128,10 @@ fn line_with<'a>(text: &'a str, what: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no line with {what:?} in:\n{text}"))
 }
 
-/// Close enough for a figure printed with `decimals` decimals.
+/// `shown` (printed with `decimals` decimals) is the figure `x` read from a table (printed
+/// with 2 decimals, possibly halved): within both roundings.
 fn printed(x: f64, shown: f64, decimals: i32) -> bool {
-    (x - shown).abs() <= 0.5 * 10f64.powi(-decimals) + 1e-9
+    (x - shown).abs() <= 0.5 * 10f64.powi(-decimals) + 0.006
 }
 
 /// A ratio printed with 2 decimals, of numbers the tables printed rounded: within 1 %.
