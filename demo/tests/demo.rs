@@ -272,7 +272,10 @@ fn two_hosts_quick_measures_the_inter_host_rows_beside_tcp() {
         "{l}: the TCP table says {like_rtt} RTT"
     );
     assert!(ratio_printed(vrdma[0] / (like_rtt / 2.0), ratio), "{l}");
-    assert_eq!(l.contains("target ≤ 1.1: met"), ratio <= 1.1, "{l}");
+    // (A printed ratio at the target itself, rounded, could go either way.)
+    if (ratio - 1.1).abs() > 0.006 {
+        assert_eq!(l.contains("target ≤ 1.1: met"), ratio <= 1.1, "{l}");
+    }
     // WRITE: vrdma ÷ TCP stream, per size.
     for (i, (size, target)) in [(65536, 0.9), (1048576, 0.95)].into_iter().enumerate() {
         let l = line_with(
@@ -295,11 +298,13 @@ fn two_hosts_quick_measures_the_inter_host_rows_beside_tcp() {
             tcp_bw[i]
         );
         assert!(ratio_printed(vrdma[1 + i] / tcp_bw[i], ratio), "{l}");
-        assert_eq!(
-            l.contains(&format!("target ≥ {target}: met")),
-            ratio >= target,
-            "{l}"
-        );
+        if (ratio - target).abs() > 0.006 {
+            assert_eq!(
+                l.contains(&format!("target ≥ {target}: met")),
+                ratio >= target,
+                "{l}"
+            );
+        }
     }
     assert!(
         !stdout.contains("not measured"),
