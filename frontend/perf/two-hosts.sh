@@ -15,7 +15,8 @@
 #            `cargo build --release -p vrdma-backend -p xen-platform -p vrdma-perf --bins`)
 #   SPIN_US  the backends' spin-before-sleep-us (default: the backend's, 200)
 #   CRC      the backends' [cm] crc: offer (default), require or decline
-# Everything it starts is stopped and its directory removed at the end.
+# Everything it starts is stopped and its directory removed at the end; last, it prints the
+# CPU time each backend process used (set-up included).
 set -eu
 
 [ $# -ge 1 ] || { sed -n '2,18p' "$0"; exit 2; }
@@ -65,6 +66,7 @@ start_host() { # name address
     } >"$d/backend.toml"
     VRDMA_SIM=$d/host "$BIN/vrdma-backend" --config "$d/backend.toml" >"$d/backend.log" 2>&1 &
     PIDS="$PIDS $!"
+    BACKEND=$!
     dom=$(VRDMA_SIM=$d/host "$BIN/vrdma-simhost" domain create --name "guest-$1")
     i=0
     until VRDMA_SIM=$d/host "$BIN/vrdmactl" attach "$dom" >/dev/null 2>"$d/attach.err"; do
@@ -74,10 +76,17 @@ start_host() { # name address
     DOM=$dom
 }
 
+# CPU seconds (user, system) a backend process has used so far.
+cpu() {
+    awk -v hz="$(getconf CLK_TCK)" '{ printf "user %.2f s, system %.2f s", $14 / hz, $15 / hz }' "/proc/$1/stat"
+}
+
 start_host a 127.0.0.2
 DA=$DOM
+BA=$BACKEND
 start_host b 127.0.0.3
 DB=$DOM
+BB=$BACKEND
 echo "# two simulated hosts: guest-a (domain $DA) on host A, backend 127.0.0.2; guest-b (domain $DB) on host B, backend 127.0.0.3; backends spin ${SPIN_US:-200} us after work, MPA CRC ${CRC:-offer}"
 
 # shellcheck disable=SC2086
@@ -94,3 +103,4 @@ VRDMA_SIM=$T/a/host "$BIN/vrdma-simhost" run "$DA" -- \
     "$BIN/vrdma-perf" "$TEST" 127.0.0.3 --port "$PORT" --cm "$@"
 wait "$SRV" || { echo "the server failed:" >&2; cat "$T/server.out" "$T/server.err" >&2; exit 1; }
 grep '^# connected' "$T/server.out" | sed 's/$/  [server]/'
+echo "# backend CPU over the whole run: host A $(cpu "$BA"); host B $(cpu "$BB")"
