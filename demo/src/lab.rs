@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
-use vrdma_backend::config::Config;
+use vrdma_backend::config::{Config, MpaCrc, SIM_DEFAULT_ADDRESS};
+use vrdma_backend::control::policy::CmPolicy;
 use vrdma_backend::control::ControlOpener;
 use vrdma_backend::daemon::host::{self, HostChoice};
 use vrdma_backend::daemon::{self, Daemon, ShutdownHandle};
@@ -58,6 +59,15 @@ pub fn backend_config(address: Option<IpAddr>) -> Result<(Config, bool)> {
     )
 }
 
+/// Settings of a host's backend that differ from the default configuration.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Tuning {
+    /// `spin-before-sleep-us`: how long the engine polls after work before it sleeps.
+    pub engine_spin_us: Option<u64>,
+    /// `[cm] crc`: the MPA CRC policy.
+    pub crc: Option<MpaCrc>,
+}
+
 /// Progress on stdout.
 pub fn step(what: &str) {
     println!("vrdma-demo: {what}");
@@ -71,6 +81,16 @@ impl Lab {
     /// A simulated host named `name` (in the demo's messages) whose backend has `address`;
     /// several run side by side in one process, each in its own directory.
     pub fn start_host(dir: Option<&Path>, name: &str, address: Option<IpAddr>) -> Result<Lab> {
+        Lab::start_host_with(dir, name, address, Tuning::default())
+    }
+
+    /// [`Lab::start_host`] with the backend configuration changed by `tuning`.
+    pub fn start_host_with(
+        dir: Option<&Path>,
+        name: &str,
+        address: Option<IpAddr>,
+        tuning: Tuning,
+    ) -> Result<Lab> {
         let label = if name.is_empty() {
             String::new()
         } else {
@@ -108,11 +128,24 @@ impl Lab {
                 (None, _) => String::new(),
             }
         ));
+        let mut config = config;
+        if let Some(us) = tuning.engine_spin_us {
+            config.spin_before_sleep_us = us;
+        }
+        if let Some(crc) = tuning.crc {
+            config.cm.crc = crc;
+        }
+        // As `vrdma-backend` does: the device's addresses (the config's, else 127.0.0.1 on a
+        // simulated host) and its connection manager, with the `[cm]` policy.
+        let addrs = config.addresses(&[SIM_DEFAULT_ADDRESS]);
+        let cm_policy = Arc::new(CmPolicy::new(config.cm.clone()));
         let device: Arc<dyn Device> = Arc::new(
             SoftDevice::new(config.engine())
-                .context("step 2: starting the software device engine")?,
+                .context("step 2: starting the software device engine")?
+                .with_cm(config.cm_device_config(addrs, cm_policy.clone()))
+                .context("step 2: starting the software device's connection manager")?,
         );
-        let info = daemon::device_info("soft-iwarp", &device.attrs());
+        let info = daemon::device_info_of("soft-iwarp", &*device);
         let platform = host.platform.clone();
         let dev = device.clone();
         let d = Daemon::new(
@@ -121,7 +154,11 @@ impl Lab {
             info,
             config.quotas,
             daemon::device_stats_source(device.clone()),
-            move |faults| Box::new(ControlOpener::new(platform, dev, faults)),
+            move |faults| {
+                Box::new(
+                    ControlOpener::new(platform, dev, faults).with_cm_policy(cm_policy.clone()),
+                )
+            },
         );
         let shutdown = d.shutdown_handle();
         let thread = std::thread::Builder::new()

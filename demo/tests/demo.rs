@@ -106,12 +106,49 @@ fn quick_demo_runs_both_modes_and_cleans_up() {
     );
 }
 
+/// The first number after `prefix` in `line`.
+fn number_after(line: &str, prefix: &str) -> f64 {
+    let rest = &line[line
+        .find(prefix)
+        .unwrap_or_else(|| panic!("no {prefix:?} in {line:?}"))
+        + prefix.len()..];
+    let n: String = rest
+        .trim_start()
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    n.parse()
+        .unwrap_or_else(|_| panic!("no number after {prefix:?} in {line:?}"))
+}
+
+/// The line of `text` containing `what`.
+fn line_with<'a>(text: &'a str, what: &str) -> &'a str {
+    text.lines()
+        .find(|l| l.contains(what))
+        .unwrap_or_else(|| panic!("no line with {what:?} in:\n{text}"))
+}
+
+/// `shown` (printed with `decimals` decimals) is the figure `x` read from a table (printed
+/// with 2 decimals, possibly halved): within both roundings.
+fn printed(x: f64, shown: f64, decimals: i32) -> bool {
+    (x - shown).abs() <= 0.5 * 10f64.powi(-decimals) + 0.006
+}
+
+/// A ratio printed with 2 decimals, of numbers the tables printed rounded: within 1 %.
+fn ratio_printed(of_tables: f64, shown: f64) -> bool {
+    (of_tables - shown).abs() <= 0.005 + 0.01 * of_tables.abs()
+}
+
 /// `vrdma-demo --hosts 2 --quick`: two simulated hosts (host A at 127.0.0.2, host B at
-/// 127.0.0.3), a guest on each, the raw TCP baselines between the two addresses measured in
-/// host A's guest, and — until guests can connect across hosts — no vrdma figure for the
-/// inter-host rows, saying why. Both hosts' directories are gone at the end.
+/// 127.0.0.3), a guest on each; the raw TCP baselines between the two addresses, and the
+/// inter-host vrdma rows — SEND 64 B latency, RDMA WRITE 64 KiB and 1 MiB bandwidth — measured
+/// between guest-a and guest-b over connections the two backends set up (the client's and the
+/// server's own reports name them: 127.0.0.2 -> 127.0.0.3). The summary's figures are the
+/// tables' figures of this run and its ratios are computed from them (nothing hard-coded:
+/// each summary number is checked against the table it comes from, each ratio and verdict
+/// against its numbers). Both hosts' directories are gone at the end.
 #[test]
-fn two_hosts_quick_prints_the_tcp_baselines_and_no_inter_host_vrdma_figure() {
+fn two_hosts_quick_measures_the_inter_host_rows_beside_tcp() {
     let out = Command::new(env!("CARGO_BIN_EXE_vrdma-demo"))
         .args(["--hosts", "2", "--quick"])
         .output()
@@ -143,6 +180,7 @@ fn two_hosts_quick_prints_the_tcp_baselines_and_no_inter_host_vrdma_figure() {
     let busy = &base[base
         .find("# polling: busy-poll  spinning threads: 2")
         .expect(base)..];
+    let mut tcp_rtt = Vec::new();
     for t in [blocking, busy] {
         let rows = rows_after(t, "t_typical[usec]");
         assert_eq!(rows.len(), 1, "{t}");
@@ -150,34 +188,127 @@ fn two_hosts_quick_prints_the_tcp_baselines_and_no_inter_host_vrdma_figure() {
         assert_eq!(r[0], 64.0);
         let (min, max, typ) = (r[2], r[3], r[4]);
         assert!(min > 0.0 && min <= typ && typ <= max, "{r:?}");
+        tcp_rtt.push(typ);
     }
-    let rows = rows_after(base, "BW average[MB/sec]");
-    let sizes: Vec<f64> = rows.iter().map(|r| r[0]).collect();
-    assert_eq!(sizes, [65536.0, 1048576.0], "{base}");
-    assert!(rows.iter().all(|r| r[3] > 0.0), "{rows:?}");
-
-    let vr = section(
+    let stream = section(
         &stdout,
-        "=== inter-host vrdma (guest-a on host A -> guest-b on host B)",
+        "=== TCP stream between the two hosts' addresses (127.0.0.2 -> 127.0.0.3)",
     );
-    assert!(
-        vr.contains("not measured:") && vr.contains("iWARP data path"),
-        "{vr}"
-    );
+    let rows = rows_after(stream, "BW average[MB/sec]");
+    let sizes: Vec<f64> = rows.iter().map(|r| r[0]).collect();
+    assert_eq!(sizes, [65536.0, 1048576.0], "{stream}");
+    assert!(rows.iter().all(|r| r[3] > 0.0), "{rows:?}");
+    let tcp_bw: Vec<f64> = rows.iter().map(|r| r[3]).collect();
+
+    // The vrdma rows: real connections between the two backends, one per test.
+    let mut ports = Vec::new();
+    let mut vrdma = Vec::new();
+    for (test, header) in [
+        ("send_lat", "t_typical[usec]"),
+        ("write_bw", "BW average[MB/sec]"),
+    ] {
+        let sec = section(
+            &stdout,
+            &format!("=== inter-host vrdma {test} (bypass): client guest-a on host A -> server guest-b on host B, --cm ==="),
+        );
+        let conn = line_with(sec, "# connection: connection manager, 127.0.0.2:");
+        assert!(
+            conn.contains(" -> 127.0.0.3:") && conn.contains("between two hosts' backends"),
+            "{sec}"
+        );
+        let server = line_with(sec, "[server]");
+        assert!(
+            server.contains("# connected through the connection manager: 127.0.0.3:")
+                && server.contains("<- 127.0.0.2:"),
+            "{sec}"
+        );
+        ports.push(conn.to_string());
+        assert!(sec.contains("# spinning threads:"), "{sec}");
+        let rows = rows_after(sec, header);
+        let want: &[f64] = if test == "send_lat" {
+            &[64.0]
+        } else {
+            &[65536.0, 1048576.0]
+        };
+        assert_eq!(rows.iter().map(|r| r[0]).collect::<Vec<_>>(), want, "{sec}");
+        for r in &rows {
+            if test == "send_lat" {
+                let (min, max, typ) = (r[2], r[3], r[4]);
+                assert!(min > 0.0 && min <= typ && typ <= max, "{r:?}");
+                vrdma.push(typ);
+            } else {
+                assert!(r[3] > 0.0 && r[2] >= r[3], "{r:?}");
+                vrdma.push(r[3]);
+            }
+        }
+    }
+    assert_ne!(ports[0], ports[1], "two tests, two connections");
+
     let summary = section(&stdout, "=== summary: the inter-host speed targets");
+    assert!(summary.contains("127.0.0.2:"), "{summary}");
     assert!(
-        summary.contains("raw TCP ping-pong 64 B 127.0.0.2 -> 127.0.0.3, blocking"),
+        summary.contains("the engine of each of the 2 backends"),
         "{summary}"
     );
-    assert!(summary.contains("raw TCP stream 1048576 B"), "{summary}");
-    // No vrdma figure is printed for the inter-host rows.
-    assert!(
-        !stdout.contains("vrdma[usec]") && !stdout.contains("vrdma[MB/sec]"),
-        "{stdout}"
+    // SEND: vrdma one-way ÷ the like-for-like TCP ping-pong's one-way (half its round trip).
+    let l = line_with(summary, "inter-host SEND 64 B latency, one-way: vrdma");
+    let busy_like = l.contains("ping-pong busy-poll");
+    let (v, t, ratio) = (
+        number_after(l, "vrdma"),
+        number_after(
+            l,
+            if busy_like {
+                "ping-pong busy-poll"
+            } else {
+                "ping-pong blocking"
+            },
+        ),
+        number_after(l, "usec = "),
     );
+    let like_rtt = if busy_like { tcp_rtt[1] } else { tcp_rtt[0] };
+    assert!(printed(vrdma[0], v, 2), "{l}: the table says {}", vrdma[0]);
     assert!(
-        summary.contains("not measured (the iWARP data path"),
-        "{summary}"
+        printed(like_rtt / 2.0, t, 2),
+        "{l}: the TCP table says {like_rtt} RTT"
+    );
+    assert!(ratio_printed(vrdma[0] / (like_rtt / 2.0), ratio), "{l}");
+    // (A printed ratio at the target itself, rounded, could go either way.)
+    if (ratio - 1.1).abs() > 0.006 {
+        assert_eq!(l.contains("target ≤ 1.1: met"), ratio <= 1.1, "{l}");
+    }
+    // WRITE: vrdma ÷ TCP stream, per size.
+    for (i, (size, target)) in [(65536, 0.9), (1048576, 0.95)].into_iter().enumerate() {
+        let l = line_with(
+            summary,
+            &format!("inter-host RDMA WRITE {size} B bandwidth: vrdma"),
+        );
+        let (v, t, ratio) = (
+            number_after(l, "vrdma"),
+            number_after(l, "raw TCP stream"),
+            number_after(l, "MB/s = "),
+        );
+        assert!(
+            printed(vrdma[1 + i], v, 0),
+            "{l}: the table says {}",
+            vrdma[1 + i]
+        );
+        assert!(
+            printed(tcp_bw[i], t, 0),
+            "{l}: the TCP table says {}",
+            tcp_bw[i]
+        );
+        assert!(ratio_printed(vrdma[1 + i] / tcp_bw[i], ratio), "{l}");
+        if (ratio - target).abs() > 0.006 {
+            assert_eq!(
+                l.contains(&format!("target ≥ {target}: met")),
+                ratio >= target,
+                "{l}"
+            );
+        }
+    }
+    assert!(
+        !stdout.contains("not measured"),
+        "every inter-host row is measured:\n{stdout}"
     );
 
     let done = stdout

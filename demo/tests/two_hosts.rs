@@ -95,3 +95,105 @@ fn two_embedded_hosts_in_one_process_serve_their_guests_at_once() {
         assert!(!d.exists(), "{} still exists", d.display());
     }
 }
+
+/// `vrdma-perf --cm` between a guest of host A and a guest of host B: every test runs over a
+/// connection the two backends set up (MPA over TCP from 127.0.0.2 to 127.0.0.3) and the
+/// iWARP data path, in both modes, and the client reports that connection.
+#[test]
+fn vrdma_perf_runs_every_test_between_two_hosts_through_the_cm() {
+    let mut a = Lab::start_host(None, "A", Some("127.0.0.2".parse().unwrap())).unwrap();
+    let mut b = Lab::start_host(None, "B", Some("127.0.0.3".parse().unwrap())).unwrap();
+    let ga = a.create_guest("a").unwrap();
+    let gb = b.create_guest("b").unwrap();
+    for (test, mode, sizes) in [
+        ("send_lat", "bypass", "64,4096"),
+        ("write_lat", "bypass", "64,65536"),
+        ("read_lat", "bypass", "64,4096"),
+        ("send_bw", "bypass", "4096,65536"),
+        ("write_bw", "bypass", "65536,1048576"),
+        ("read_bw", "bypass", "65536"),
+        ("send_lat", "mediated", "64"),
+        ("write_bw", "mediated", "65536"),
+    ] {
+        let mut srv = perf(
+            &b,
+            gb,
+            &[test, "--port", "0", "--cm", "--mode", mode, "--events"],
+        );
+        let p = port(&mut srv);
+        let mut cl = perf(
+            &a,
+            ga,
+            &[
+                test,
+                "127.0.0.1",
+                "--port",
+                &p,
+                "--cm",
+                "--mode",
+                mode,
+                "--size",
+                sizes,
+                "--iters",
+                "50",
+                "--tx-depth",
+                "8",
+                "--events",
+                "--json",
+            ],
+        );
+        let (cok, cout, cerr) = cl.finish(T);
+        let (sok, sout, serr) = srv.finish(T);
+        assert!(
+            cok && sok,
+            "{test} {mode}: client {cok} {cout}\n{cerr}\nserver {sok} {sout}\n{serr}"
+        );
+        let j: serde_json::Value = serde_json::from_str(&cout).expect("the client's JSON");
+        let c = &j["connection"];
+        assert_eq!(c["how"], "cm", "{test} {mode}: {cout}");
+        assert_eq!(c["between_hosts"], true, "{test} {mode}: {cout}");
+        assert!(
+            c["local"].as_str().unwrap().starts_with("127.0.0.2:")
+                && c["peer"].as_str().unwrap().starts_with("127.0.0.3:"),
+            "{test} {mode}: {c}"
+        );
+        // The server saw the same connection from its side.
+        assert!(
+            sout.contains("# connected through the connection manager: 127.0.0.3:")
+                && sout.contains("<- 127.0.0.2:"),
+            "{test} {mode}: {sout}"
+        );
+        let table = if test.ends_with("_lat") {
+            "latency"
+        } else {
+            "bandwidth"
+        };
+        let rows = j[table].as_array().unwrap();
+        let want: Vec<u64> = sizes.split(',').map(|s| s.parse().unwrap()).collect();
+        let got: Vec<u64> = rows.iter().map(|r| r["bytes"].as_u64().unwrap()).collect();
+        assert_eq!(got, want, "{test} {mode}: {cout}");
+        for r in rows {
+            let v = if table == "latency" {
+                r["t_typical_usec"].as_f64()
+            } else {
+                r["bw_avg_mb_sec"].as_f64()
+            };
+            assert!(v.is_some_and(|v| v > 0.0), "{test} {mode}: {r}");
+        }
+    }
+    // A client with --cm against a server without: a clear error on both sides, no hang.
+    let mut srv = perf(&b, gb, &["send_lat", "--port", "0", "--events"]);
+    let p = port(&mut srv);
+    let mut cl = perf(
+        &a,
+        ga,
+        &["send_lat", "127.0.0.1", "--port", &p, "--cm", "--events"],
+    );
+    let (cok, _, cerr) = cl.finish(T);
+    let (sok, _, serr) = srv.finish(T);
+    assert!(!cok && !sok, "{cerr}\n{serr}");
+    assert!(cerr.contains("run both sides alike"), "{cerr}");
+    assert!(serr.contains("run both sides alike"), "{serr}");
+    a.stop().unwrap();
+    b.stop().unwrap();
+}

@@ -2,17 +2,24 @@
 //! exchange endpoints and the region's address/rkey over TCP (perftest's out-of-band
 //! exchange, default port 18515), connect, and run one test per message size.
 //!
+//! With `--cm` (both sides) the QPs connect through the connection manager instead, as
+//! rdma_cm applications do and as they must between hosts (iWARP): the server listens on a
+//! port of its backend's address and sends that address over the TCP exchange; the client
+//! `connect_to`s it. The MRs' address/rkey travel as the CM private data (the client's in its
+//! connect, the server's in its accept); the TCP exchange still carries the test's parameters
+//! and the per-size synchronisation, as perftest's does.
+//!
 //! Wire of the TCP exchange (lines of text):
 //! ```text
-//! client -> server   vrdma-perf 1 <test> <sizes,comma> <iters> <tx-depth>
-//! server -> client   ok <endpoint> <addr:len:rkey>      | err <sentence>
-//! client -> server   <endpoint> <addr:len:rkey>
+//! client -> server   vrdma-perf 1 <test> <sizes,comma> <iters> <tx-depth> [cm]
+//! server -> client   ok <endpoint> <addr:len:rkey>      | ok cm <ip:port>   | err <sentence>
+//! client -> server   <endpoint> <addr:len:rkey>         (without cm; with cm: the CM connect)
 //! per size:  client -> "go <size>", server -> "ready"; test; client -> "done", server -> "done"
 //! client -> server   bye
 //! ```
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
@@ -29,6 +36,8 @@ use crate::stats::{bw_table, latency_table, BwRow, LatencyRow};
 pub const DEFAULT_PORT: u16 = 18515;
 /// How long a test may see no progress before it is called a hang.
 pub const STALL: Duration = Duration::from_secs(30);
+/// How long a CM connect (client) or the wait for it (server) may take.
+pub const CM_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -99,7 +108,10 @@ pub enum ModeArg {
                   --iters and --tx-depth rule; each side picks its own --mode. \
                   `tcp_pingpong` and `tcp_stream` (also spelt `--baseline tcp-pingpong`) run \
                   only the raw TCP baseline, both ends in this process, between the \
-                  addresses of --between (e.g. 127.0.0.2,127.0.0.3: the two simulated hosts)."
+                  addresses of --between (e.g. 127.0.0.2,127.0.0.3: the two simulated hosts). \
+                  Between guests of two hosts, give both sides --cm: the QPs connect through \
+                  the connection manager (iWARP), e.g. server `vrdma-perf write_bw --cm`, \
+                  client `vrdma-perf write_bw SERVER-GUEST --cm --baseline`."
 )]
 pub struct PerfArgs {
     /// The test.
@@ -138,9 +150,20 @@ pub struct PerfArgs {
     #[arg(short, long)]
     pub baseline: bool,
     /// The TCP baselines' addresses: CLIENT,SERVER (the client socket is bound to CLIENT, the
-    /// listener is on SERVER; both in this process), or one address for both.
-    #[arg(long, value_name = "CLIENT,SERVER", default_value = "127.0.0.1")]
-    pub between: crate::baseline::Endpoints,
+    /// listener is on SERVER; both in this process), or one address for both. Default
+    /// 127.0.0.1; with --cm, the connection's two backend addresses (the same endpoints as
+    /// the RDMA traffic).
+    #[arg(long, value_name = "CLIENT,SERVER")]
+    pub between: Option<crate::baseline::Endpoints>,
+    /// Connect the QPs through the connection manager (both sides; the only way between
+    /// hosts): the server listens on --cm-port of its backend's address, the client connects
+    /// to it; the MR address/rkey travel as CM private data. Without it the QPs are paired by
+    /// exchanging QP numbers (intra-host only).
+    #[arg(long)]
+    pub cm: bool,
+    /// The server's CM port on its backend's address (0: the backend chooses).
+    #[arg(long, default_value_t = 0, value_name = "PORT")]
+    pub cm_port: u16,
     /// Print one JSON object instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -150,6 +173,10 @@ pub struct PerfArgs {
 }
 
 impl PerfArgs {
+    /// The TCP baselines' addresses: `--between`'s, else 127.0.0.1.
+    pub fn endpoints(&self) -> crate::baseline::Endpoints {
+        self.between.unwrap_or(crate::baseline::Endpoints::LOOPBACK)
+    }
     fn sizes(&self) -> Vec<usize> {
         if self.all {
             (1..=23).map(|i| 1usize << i).collect()
@@ -182,6 +209,8 @@ pub struct Report {
     pub latency: Vec<LatencyRow>,
     pub bandwidth: Vec<BwRow>,
     pub baselines: Option<Baselines>,
+    /// How the QPs were connected: `Some` through the connection manager (this end, the peer).
+    pub cm: Option<(SocketAddr, SocketAddr)>,
 }
 
 /// Runs `args` as server or client, printing tables (or JSON) to stdout.
@@ -243,7 +272,7 @@ fn open_context(mode: Option<ModeArg>) -> Result<Context> {
 
 /// Everything one side holds.
 struct Side {
-    _ctx: Context,
+    ctx: Context,
     cq: CompletionQueue,
     qp: QueuePair,
     mr: MemoryRegion,
@@ -277,7 +306,7 @@ impl Side {
             .alloc_mr(landing * 2, AccessFlags::ALL)
             .with_context(|| format!("alloc MR of {} bytes", landing * 2))?;
         Ok(Side {
-            _ctx: ctx,
+            ctx,
             cq,
             qp,
             mr,
@@ -438,6 +467,14 @@ fn parse_peer(line: &str) -> Result<(QpEndpoint, RemoteMr)> {
     Ok((ep.parse()?, mr.parse()?))
 }
 
+/// The peer's MR (`addr:len:rkey`) from CM private data.
+fn parse_mr_private(data: &[u8]) -> Result<RemoteMr> {
+    let s = std::str::from_utf8(data)
+        .map_err(|_| anyhow!("the peer's CM private data is not text: {data:?}"))?;
+    s.parse()
+        .with_context(|| format!("the peer's CM private data {s:?} is not its MR"))
+}
+
 fn serve(args: &PerfArgs) -> Result<()> {
     let l = TcpListener::bind(("0.0.0.0", args.port))
         .with_context(|| format!("listening on TCP port {}", args.port))?;
@@ -451,8 +488,21 @@ fn serve(args: &PerfArgs) -> Result<()> {
     let mut link = Link::new(s)?;
     let hello = link.recv()?;
     let f: Vec<&str> = hello.split_whitespace().collect();
-    if f.len() != 6 || f[0] != "vrdma-perf" || f[1] != "1" {
+    if !(f.len() == 6 || f.len() == 7 && f[6] == "cm") || f[0] != "vrdma-perf" || f[1] != "1" {
         bail!("{peer} is not a vrdma-perf client: {hello:?}");
+    }
+    let client_cm = f.len() == 7;
+    if client_cm != args.cm {
+        let (srv, cl) = if args.cm {
+            (
+                "connects through the connection manager (--cm)",
+                "without --cm",
+            )
+        } else {
+            ("exchanges QP numbers (no --cm)", "with --cm")
+        };
+        link.send(&format!("err the server {srv}: run both sides alike"))?;
+        bail!("the client runs {cl} but this server {srv}: run both sides alike");
     }
     let test = Test::parse(f[2])?;
     if test.is_baseline() {
@@ -481,9 +531,31 @@ fn serve(args: &PerfArgs) -> Result<()> {
             return Err(e);
         }
     };
-    link.send(&format!("ok {}", side.line()))?;
-    let (ep, remote) = parse_peer(&link.recv()?)?;
-    side.qp.connect(&ep).context("connect QP")?;
+    let remote = if args.cm {
+        let l = side
+            .ctx
+            .listen(args.cm_port, 1)
+            .with_context(|| format!("CM listen on port {}", args.cm_port))?;
+        link.send(&format!("ok cm {}", l.local_addr()))?;
+        let req = l
+            .get_request(Some(CM_TIMEOUT))
+            .context("waiting for the client's CM connect")?;
+        let remote = parse_mr_private(req.private_data())?;
+        let info = req
+            .accept(&mut side.qp, side.mr.remote().to_string().as_bytes())
+            .context("CM accept")?;
+        println!(
+            "# connected through the connection manager: {} (here) <- {}",
+            info.local, info.peer
+        );
+        std::io::stdout().flush()?;
+        remote
+    } else {
+        link.send(&format!("ok {}", side.line()))?;
+        let (ep, remote) = parse_peer(&link.recv()?)?;
+        side.qp.connect(&ep).context("connect QP")?;
+        remote
+    };
     loop {
         let cmd = link.recv()?;
         if cmd == "bye" {
@@ -560,8 +632,13 @@ pub fn client(args: &PerfArgs, host: &str) -> Result<Report> {
     } else {
         format!("{host}:{}", args.port)
     };
-    let baselines = if args.baseline {
-        Some(Baselines::measure(&sizes, iters, args.between).context("measuring the baselines")?)
+    // Without --cm the baselines go first, as always; with it, once the connection says
+    // between which addresses the RDMA traffic runs (when --between does not say).
+    let mut baselines = if args.baseline && !args.cm {
+        Some(
+            Baselines::measure(&sizes, iters, args.endpoints())
+                .context("measuring the baselines")?,
+        )
     } else {
         None
     };
@@ -569,10 +646,11 @@ pub fn client(args: &PerfArgs, host: &str) -> Result<Report> {
     let mut link = Link::new(s)?;
     let list: Vec<String> = sizes.iter().map(|s| s.to_string()).collect();
     link.send(&format!(
-        "vrdma-perf 1 {} {} {iters} {}",
+        "vrdma-perf 1 {} {} {iters} {}{}",
         args.test.name(),
         list.join(","),
-        args.tx_depth
+        args.tx_depth,
+        if args.cm { " cm" } else { "" }
     ))?;
     let max = *sizes.iter().max().expect("sizes");
     let mut side = Side::new(args, max, args.tx_depth)?;
@@ -580,10 +658,46 @@ pub fn client(args: &PerfArgs, host: &str) -> Result<Report> {
     let Some(peer) = answer.strip_prefix("ok ") else {
         bail!("the server refused: {answer}");
     };
-    let (ep, remote) = parse_peer(peer)?;
-    link.send(&side.line())?;
-    side.qp.connect(&ep).context("connect QP")?;
-    let mode = side._ctx.mode();
+    let (remote, cm) = match (args.cm, peer.strip_prefix("cm ")) {
+        (true, Some(at)) => {
+            let at: SocketAddr = at
+                .parse()
+                .with_context(|| format!("the server's CM address {at:?}"))?;
+            let info = side
+                .qp
+                .connect_to(at, side.mr.remote().to_string().as_bytes(), CM_TIMEOUT)
+                .with_context(|| format!("CM connect to {at}"))?;
+            (
+                parse_mr_private(&info.private_data)?,
+                Some((info.local, info.peer)),
+            )
+        }
+        (false, None) => {
+            let (ep, remote) = parse_peer(peer)?;
+            link.send(&side.line())?;
+            side.qp.connect(&ep).context("connect QP")?;
+            (remote, None)
+        }
+        (true, None) => {
+            bail!("the server exchanges QP numbers (it runs without --cm): run both sides alike")
+        }
+        (false, Some(_)) => {
+            bail!("the server connects through the connection manager (--cm): run both sides alike")
+        }
+    };
+    if args.baseline && baselines.is_none() {
+        let ends = match (args.between, cm) {
+            (Some(e), _) => e,
+            (None, Some((local, peer))) => crate::baseline::Endpoints {
+                client: local.ip(),
+                server: peer.ip(),
+            },
+            (None, None) => args.endpoints(),
+        };
+        baselines =
+            Some(Baselines::measure(&sizes, iters, ends).context("measuring the baselines")?);
+    }
+    let mode = side.ctx.mode();
     let mut report = Report {
         test: args.test,
         mode,
@@ -592,6 +706,7 @@ pub fn client(args: &PerfArgs, host: &str) -> Result<Report> {
         latency: Vec::new(),
         bandwidth: Vec::new(),
         baselines,
+        cm,
     };
     for &size in &sizes {
         link.send(&format!("go {size}"))?;
@@ -762,25 +877,54 @@ impl Report {
         };
         let poller = format!("client {client}");
         let server = format!("server {server}, if it polls like the client");
-        let engine = match self.mode {
-            Mode::Bypass => "the backend's engine thread(s) (doorbell busy-poll while work flows)",
-            Mode::Mediated => {
+        let engine = match (self.mode, self.between_hosts()) {
+            (Mode::Bypass, false) => {
+                "the backend's engine thread(s) (doorbell busy-poll while work flows)"
+            }
+            (Mode::Mediated, false) => {
                 "the backend's engine thread(s) while work flows; the poster spins briefly per \
                  control request, then blocks"
+            }
+            (Mode::Bypass, true) => {
+                "the engine thread(s) of BOTH hosts' backends (each polls its doorbells and \
+                 sockets for its spin-before-sleep after work, then sleeps in epoll)"
+            }
+            (Mode::Mediated, true) => {
+                "the engine thread(s) of both hosts' backends while work flows; the poster \
+                 spins briefly per control request, then blocks"
             }
         };
         let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
         format!("{poller} + {server} + {engine}; this machine has {cores} cores")
     }
 
+    /// Whether the QPs were connected through the CM to another backend's address (iWARP).
+    pub fn between_hosts(&self) -> bool {
+        self.cm.is_some_and(|(local, peer)| local.ip() != peer.ip())
+    }
+
+    /// How the QPs were connected, in words.
+    pub fn connection(&self) -> String {
+        match self.cm {
+            Some((local, peer)) if local.ip() != peer.ip() => format!(
+                "connection manager, {local} -> {peer} (between two hosts' backends: iWARP over TCP)"
+            ),
+            Some((local, peer)) => format!(
+                "connection manager, {local} -> {peer} (the backend's own address: paired on this host)"
+            ),
+            None => "QP numbers exchanged (this host)".into(),
+        }
+    }
+
     /// perftest-style text.
     pub fn text(&self) -> String {
         let mut s = String::new();
         s.push_str(&format!(
-            "# vrdma-perf {}  mode: {}  polling: {}\n# spinning threads: {}\n",
+            "# vrdma-perf {}  mode: {}  polling: {}\n# connection: {}\n# spinning threads: {}\n",
             self.test.name(),
             mode_name(self.mode),
             self.polling(),
+            self.connection(),
             self.spinning()
         ));
         if self.test.is_latency() {
@@ -897,6 +1041,15 @@ impl Report {
             "test": self.test.name(),
             "mode": mode_name(self.mode),
             "polling": self.polling(),
+            "connection": match self.cm {
+                Some((local, peer)) => json!({
+                    "how": "cm",
+                    "local": local.to_string(),
+                    "peer": peer.to_string(),
+                    "between_hosts": self.between_hosts(),
+                }),
+                None => json!({ "how": "qpn" }),
+            },
             "one_way": self.test.halves(),
             "spinning_threads": self.spinning(),
             "latency": self.latency.iter().map(lat).collect::<Vec<_>>(),

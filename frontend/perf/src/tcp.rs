@@ -45,7 +45,7 @@ pub fn run(args: &PerfArgs, sizes: &[usize], iters: Option<usize>) -> Result<Tcp
     if sizes.contains(&0) {
         anyhow::bail!("--size 0 is not supported");
     }
-    let ends = args.between;
+    let ends = args.endpoints();
     let mut report = TcpReport {
         test: args.test,
         ends,
@@ -148,9 +148,9 @@ mod tests {
             "127.0.0.2,127.0.0.3",
         ]);
         assert_eq!(a.test, Test::TcpPingpong);
-        assert_eq!(a.between, Endpoints::TWO_HOSTS);
+        assert_eq!(a.endpoints(), Endpoints::TWO_HOSTS);
         assert_eq!(args(&["tcp_stream"]).test, Test::TcpStream);
-        assert_eq!(args(&["tcp_stream"]).between, Endpoints::LOOPBACK);
+        assert_eq!(args(&["tcp_stream"]).endpoints(), Endpoints::LOOPBACK);
         // The vrdma tests and their --baseline as before.
         let a = args(&["send_lat", "127.0.0.1", "--baseline"]);
         assert!(a.baseline && a.test == Test::SendLat && a.host.as_deref() == Some("127.0.0.1"));
@@ -172,10 +172,13 @@ mod tests {
         for (_, rows) in &r.pingpong {
             let sizes: Vec<usize> = rows.iter().map(|x| x.bytes).collect();
             assert_eq!(sizes, [64, 4096]);
-            // 200 round trips, or at least 100 when the time cap ends a busy-polled run first.
-            assert!(rows
-                .iter()
-                .all(|x| (100..=200).contains(&x.iterations) && x.t_typical > 0.0));
+            // At most --iters round trips; at least 100 when the 1 s cap ends them first (a
+            // loaded machine: the busy-polled pair shares the cores with everything else).
+            assert!(
+                rows.iter()
+                    .all(|x| (100..=200).contains(&x.iterations) && x.t_typical > 0.0),
+                "{rows:?}"
+            );
         }
         let t = r.text();
         assert!(t.contains("TCP 127.0.0.2 -> 127.0.0.3"), "{t}");
