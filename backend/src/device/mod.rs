@@ -385,6 +385,34 @@ impl DeviceError {
 /// Result of device calls.
 pub type DeviceResult<T> = Result<T, DeviceError>;
 
+/// What `modify_qp` does with a QP in state `cur` asked to go to `new`: the state rules every
+/// device shares (its own checks, e.g. "not while connecting", come after).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum QpTransition {
+    /// To Error: fail the QP (its WQEs flush).
+    ToError,
+    /// Already there: nothing to do.
+    Stay,
+    /// Reset, Init or Rtr before the connection: record the state.
+    Set,
+}
+
+pub(crate) fn qp_transition(cur: QpState, new: QpState) -> DeviceResult<QpTransition> {
+    match new {
+        QpState::Error => Ok(QpTransition::ToError),
+        QpState::Sqd | QpState::Sqe => Err(DeviceError::NotSupported("SQD/SQE states")),
+        _ if cur == new => Ok(QpTransition::Stay),
+        _ if cur == QpState::Error => {
+            Err(DeviceError::NotSupported("leaving Error (destroy the QP)"))
+        }
+        QpState::Rts => Err(DeviceError::InvalidArgument(
+            "a QP reaches RTS by connect_qp".into(),
+        )),
+        _ if cur == QpState::Rts => Err(DeviceError::NotSupported("leaving RTS")),
+        _ => Ok(QpTransition::Set),
+    }
+}
+
 /// An RDMA device as the daemon sees it. All calls are cheap control-path operations except
 /// where noted; they may be called from any thread.
 pub trait Device: Send + Sync {

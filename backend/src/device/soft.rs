@@ -745,20 +745,13 @@ impl Device for SoftDevice {
             return Err(bad("QP", qp.0));
         }
         let q = t.qps.get(&qp).ok_or(bad("QP", qp.0))?.clone();
-        let cur = q.state();
-        match state {
-            QpState::Error => {
+        match super::qp_transition(q.state(), state)? {
+            super::QpTransition::ToError => {
                 q.fail(None);
                 Ok(())
             }
-            QpState::Sqd | QpState::Sqe => Err(DeviceError::NotSupported("SQD/SQE states")),
-            _ if cur == state => Ok(()),
-            _ if cur == QpState::Error => {
-                Err(DeviceError::NotSupported("leaving Error (destroy the QP)"))
-            }
-            QpState::Rts => Err(inval("a QP reaches RTS by connect_qp")),
-            _ if cur == QpState::Rts => Err(DeviceError::NotSupported("leaving RTS")),
-            _ => {
+            super::QpTransition::Stay => Ok(()),
+            super::QpTransition::Set => {
                 if lock(&q.send).peer_num.is_some() {
                     return Err(DeviceError::NotSupported("changing state while connecting"));
                 }

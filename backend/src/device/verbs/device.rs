@@ -1125,21 +1125,15 @@ impl Device for VerbsDevice {
         let c = self.inner.chan(ch)?;
         let q = lock(&c.res).qps.get(&qp).cloned().ok_or(bad("QP", qp.0))?;
         let cur = *lock(&q.state);
-        match state {
-            QpState::Error => {
+        match crate::device::qp_transition(cur, state)? {
+            crate::device::QpTransition::ToError => {
                 fail_qp(&c, &q, false);
                 self.inner.poke();
                 Ok(())
             }
-            QpState::Sqd | QpState::Sqe => Err(DeviceError::NotSupported("SQD/SQE states")),
-            _ if cur == state => Ok(()),
-            _ if cur == QpState::Error => {
-                Err(DeviceError::NotSupported("leaving Error (destroy the QP)"))
-            }
-            QpState::Rts => Err(inval("a QP reaches RTS by connect_qp")),
-            _ if cur == QpState::Rts => Err(DeviceError::NotSupported("leaving RTS")),
+            crate::device::QpTransition::Stay => Ok(()),
             // The HCA QP stays in INIT (receives can be posted) until it is connected.
-            _ => {
+            crate::device::QpTransition::Set => {
                 if lock(&q.peer).is_some() {
                     return Err(DeviceError::NotSupported("changing state while connecting"));
                 }
