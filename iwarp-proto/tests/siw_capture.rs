@@ -380,8 +380,35 @@ fn both_modes(
         let conns = siw_connections(&name, crc);
         assert_eq!(conns.len(), ird_ord.len(), "{name}: TCP connections");
         let got = counts(&conns);
-        assert_eq!(got[0], expect(client), "{name}: the client's FPDUs");
-        assert_eq!(got[1], expect(server), "{name}: the server's FPDUs");
+        // perftest's own synchronisation Sends vary with timing from run to run (a fresh
+        // capture by run-siw.sh had 9 where the fixture has 16): for its tools the Send count
+        // must be there but need not be the fixture's; every other opcode is counted exactly.
+        let fuzzy_sends = tool.starts_with("ib_");
+        for (side, got, want) in [
+            ("client", &got[0], expect(client)),
+            ("server", &got[1], expect(server)),
+        ] {
+            if fuzzy_sends {
+                let strip = |m: &BTreeMap<u8, usize>| {
+                    let mut m = m.clone();
+                    m.remove(&Send.as_u8());
+                    m
+                };
+                assert_eq!(
+                    strip(got),
+                    strip(&want),
+                    "{name}: the {side}'s FPDUs but Sends"
+                );
+                let sends = |m: &BTreeMap<u8, usize>| m.get(&Send.as_u8()).copied().unwrap_or(0);
+                assert_eq!(
+                    sends(got) > 0,
+                    sends(&want) > 0,
+                    "{name}: the {side}'s Sends"
+                );
+            } else {
+                assert_eq!(got, &want, "{name}: the {side}'s FPDUs");
+            }
+        }
         for ((c, iw, io), &want) in conns.iter().zip(ird_ord) {
             assert_eq!(c.responder.1, port, "{name}: the server's port");
             assert_eq!(
