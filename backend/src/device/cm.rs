@@ -342,8 +342,13 @@ impl SoftDevice {
                     .get(l)
                     .is_some_and(|x| x.addr.ip().is_unspecified() || x.addr.ip() == peer.ip())
             });
+            // A listener with room in its backlog whose domain accepts this peer; otherwise
+            // the answer a TCP RST (nobody listens) or a refusal would give.
+            let listener = listener.filter(|l| {
+                let x = &t.cm.listeners[l];
+                x.requests.len() < x.backlog as usize && allowed(x.domid, me)
+            });
             let Some(l) = listener else {
-                // Nobody listens: what a TCP RST would say.
                 t.cm.qps.insert(
                     qp,
                     QpCm {
@@ -358,21 +363,7 @@ impl SoftDevice {
                 return Ok(());
             };
             let x = &t.cm.listeners[&l];
-            let (lch, ldom) = (x.ch, x.domid);
-            if x.requests.len() >= x.backlog as usize || !allowed(ldom, me) {
-                t.cm.qps.insert(
-                    qp,
-                    QpCm {
-                        ch,
-                        info,
-                        phase: Phase::Ended,
-                    },
-                );
-                drop(t);
-                q.fail(None);
-                q.ch.event(EventKind::ConnectRejected, qp.0, 0);
-                return Ok(());
-            }
+            let lch = x.ch;
             let req = ConnRequestId(t.id());
             let rinfo = CmInfo {
                 local: peer,
