@@ -307,15 +307,46 @@ fn check_connection(c: &Connection) -> Result<Iwarp, CheckError> {
 // ---------------------------------------------------------------------------------------
 // The fixtures
 
-/// A fixture from `tests/data/`, or from `$SIW_CAPTURE_DIR` when set (`run-siw.sh` points
-/// it at the captures it just made, so fresh siw traffic goes through the same checks).
+/// Where the captures come from: `tests/data/` (the committed fixtures), or
+/// `$SIW_CAPTURE_DIR` when set (`run-siw.sh` points it at the captures it just made, so
+/// fresh siw traffic goes through the same codec).
+fn capture_dir() -> Option<PathBuf> {
+    std::env::var_os("SIW_CAPTURE_DIR").map(PathBuf::from)
+}
+
 fn fixture(name: &str) -> Vec<u8> {
-    let dir = match std::env::var_os("SIW_CAPTURE_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data"),
-    };
+    let dir = capture_dir()
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data"));
     let p = dir.join(name);
     std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// The RDMAP opcodes Wireshark's dissector found in a fresh capture, by opcode: `run-siw.sh`
+/// writes `tshark -T fields -e iwarp_rdma.opcode` (one line per frame, several FPDUs of a
+/// frame comma-separated, e.g. `0x03,0x03`) beside each capture as `<capture>.opcodes`.
+fn tshark_opcodes(dir: &std::path::Path, name: &str) -> BTreeMap<u8, usize> {
+    let p = dir.join(format!("{name}.opcodes"));
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (run-siw.sh writes it with tshark; without it a fresh capture's opcodes \
+             have nothing independent to be checked against)",
+            p.display()
+        )
+    });
+    let mut out = BTreeMap::new();
+    for v in text
+        .split([',', '\n'])
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+    {
+        let n = match v.strip_prefix("0x") {
+            Some(hex) => u8::from_str_radix(hex, 16),
+            None => v.parse(),
+        }
+        .unwrap_or_else(|e| panic!("{}: opcode {v:?}: {e}", p.display()));
+        *out.entry(n).or_default() += 1;
+    }
+    out
 }
 
 /// Every connection of a fixture, checked: the MPA negotiation siw does (revision 2,
@@ -380,33 +411,30 @@ fn both_modes(
         let conns = siw_connections(&name, crc);
         assert_eq!(conns.len(), ird_ord.len(), "{name}: TCP connections");
         let got = counts(&conns);
-        // perftest's own synchronisation Sends vary with timing from run to run (a fresh
-        // capture by run-siw.sh had 9 where the fixture has 16): for its tools the Send count
-        // must be there but need not be the fixture's; every other opcode is counted exactly.
-        let fuzzy_sends = tool.starts_with("ib_");
-        for (side, got, want) in [
-            ("client", &got[0], expect(client)),
-            ("server", &got[1], expect(server)),
-        ] {
-            if fuzzy_sends {
-                let strip = |m: &BTreeMap<u8, usize>| {
-                    let mut m = m.clone();
-                    m.remove(&Send.as_u8());
-                    m
-                };
-                assert_eq!(
-                    strip(got),
-                    strip(&want),
-                    "{name}: the {side}'s FPDUs but Sends"
-                );
-                let sends = |m: &BTreeMap<u8, usize>| m.get(&Send.as_u8()).copied().unwrap_or(0);
-                assert_eq!(
-                    sends(got) > 0,
-                    sends(&want) > 0,
-                    "{name}: the {side}'s Sends"
-                );
-            } else {
-                assert_eq!(got, &want, "{name}: the {side}'s FPDUs");
+        match capture_dir() {
+            // A committed fixture: the exact FPDU counts of each side.
+            None => {
+                for (side, got, want) in [
+                    ("client", &got[0], expect(client)),
+                    ("server", &got[1], expect(server)),
+                ] {
+                    assert_eq!(got, &want, "{name}: the {side}'s FPDUs");
+                }
+            }
+            // A fresh capture: what perftest sends varies with timing (its synchronisation
+            // Sends; once, a CI run's ib_read_lat without CRC had no Read on port 18516 at
+            // all while the tool reported 20 reads), and that is the tool's business, not
+            // the codec's. What the codec must get right is what the independent dissector
+            // sees: the same opcodes, as many of each, over both sides.
+            Some(dir) => {
+                let mut both = got[0].clone();
+                for (&op, &n) in &got[1] {
+                    *both.entry(op).or_default() += n;
+                }
+                let tshark = tshark_opcodes(&dir, &name);
+                eprintln!("{name}: codec {both:?}, tshark {tshark:?}");
+                assert_eq!(both, tshark, "{name}: FPDUs by opcode, codec vs tshark");
+                assert!(!both.is_empty(), "{name}: no FPDU at all");
             }
         }
         for ((c, iw, io), &want) in conns.iter().zip(ird_ord) {
@@ -465,6 +493,9 @@ fn ib_write_bw_parses() {
         &[(Write, 20), (Send, 16)],
         &[(Send, 16)],
     );
+    if capture_dir().is_some() {
+        return; // fresh captures: see both_modes
+    }
     for conns in [nocrc, crc] {
         assert_eq!(
             conns[1].1.opcodes[0],
@@ -483,6 +514,9 @@ fn ib_read_lat_parses() {
         &[(ReadRequest, 20), (Send, 11)],
         &[(ReadResponse, 20), (Send, 11)],
     );
+    if capture_dir().is_some() {
+        return; // fresh captures: see both_modes
+    }
     for conns in [nocrc, crc] {
         let iw = &conns[1].1;
         assert_eq!(iw.opcodes, [vec![ReadRequest; 20], vec![ReadResponse; 20]]);

@@ -69,7 +69,9 @@ if command -v tshark >/dev/null; then
         badcrc=$(grep -c -i 'Bad CRC' <<<"$V" || true)
         zero=$(grep -c '^ *CRC: 0x00000000$' <<<"$V" || true)
         req=$(n iwarp_mpa.req); rep=$(n iwarp_mpa.rep); mal=$(n _ws.malformed)
-        ops=$("${TS[@]}" -r "$f" -T fields -e iwarp_rdma.opcode 2>/dev/null | tr ',' '\n' | grep . | sort | uniq -c | awk '{printf "%s×%s ", $2, $1}')
+        # Kept beside the capture: siw_capture.rs checks our codec's opcodes against these.
+        "${TS[@]}" -r "$f" -T fields -e iwarp_rdma.opcode > "$f.opcodes" 2>/dev/null || true
+        ops=$(tr ',' '\n' < "$f.opcodes" | grep . | sort | uniq -c | awk '{printf "%s×%s ", $2, $1}')
         # Expert infos of severity warning and error: "<count> <summary>".
         EXP=$("${TS[@]}" -r "$f" -q -z expert 2>/dev/null | expert)
         errs=$("${TS[@]}" -r "$f" -q -z expert 2>/dev/null | grep -c '^Errors (' || true)
