@@ -14,9 +14,9 @@
 //!   completion channel's fd.
 //!
 //! Partial (issue 13): connections are loopback pairs of QPs of this device
-//! ([`Device::connect_qp`]) or address vectors ([`Device::connect_qp_av`], not yet reachable
-//! from the control ring and not yet checked against the domain's allowed peers); rdma_cm is
-//! not there (the `cm_*` calls answer `NotSupported`).
+//! ([`Device::connect_qp`]), address vectors ([`Device::connect_qp_av`], not yet reachable
+//! from the control ring and not yet checked against the domain's allowed peers), or rdma_cm
+//! on librdmacm ([`cm`], started by [`VerbsDevice::with_cm`]).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::fd::AsRawFd;
@@ -50,6 +50,10 @@ use crate::device::{
     DeviceResult, DeviceStats, DomId, EngineConfig, LocalAv, MrHandle, MrKeys, MrSetup, Notifier,
     PdId, QpNum, QpSetup, RemoteAv, WorkQueue,
 };
+
+#[path = "cm.rs"]
+mod cm;
+pub use cm::{LIBRDMACM_ENV, LIBRDMACM_SONAME};
 
 /// The completion channel's token (the waker has `Token(0)`).
 const COMP: Token = Token(1);
@@ -248,6 +252,7 @@ struct Inner {
 pub struct VerbsDevice {
     inner: Arc<Inner>,
     thread: Option<JoinHandle<()>>,
+    cm: std::sync::OnceLock<cm::VerbsCm>,
 }
 
 impl VerbsDevice {
@@ -299,6 +304,7 @@ impl VerbsDevice {
         Ok(Self {
             inner,
             thread: Some(thread),
+            cm: std::sync::OnceLock::new(),
         })
     }
 
@@ -317,6 +323,9 @@ fn set_nonblocking(fd: std::os::fd::RawFd) -> Result<(), VerbsError> {
 
 impl Drop for VerbsDevice {
     fn drop(&mut self) {
+        if let Some(cm) = self.cm.get() {
+            cm.stop();
+        }
         self.inner.waker.stop();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -760,6 +769,7 @@ impl Device for VerbsDevice {
     }
 
     fn close_channel(&self, ch: ChannelId) {
+        self.cm_forget_channel(ch);
         let mut t = lock(&self.inner.tables);
         let Some(c) = t.channels.remove(&ch) else {
             return;
@@ -1151,6 +1161,7 @@ impl Device for VerbsDevice {
     }
 
     fn destroy_qp(&self, ch: ChannelId, qp: QpNum) -> DeviceResult<()> {
+        self.cm_forget_qp(ch, qp);
         let c = self.inner.chan(ch)?;
         let mut t = lock(&self.inner.tables);
         let mut r = lock(&c.res);
@@ -1364,6 +1375,8 @@ impl Device for VerbsDevice {
             .map(|c| c.snapshot())
             .unwrap_or_default()
     }
+
+    cm::cm_methods!();
 }
 
 #[cfg(test)]

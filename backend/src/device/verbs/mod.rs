@@ -31,7 +31,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-pub use device::{attrs_of, VerbsDevice};
+pub use device::{attrs_of, VerbsDevice, LIBRDMACM_ENV, LIBRDMACM_SONAME};
 pub use dl::{VerbsLib, LIBIBVERBS_ENV, LIBIBVERBS_SONAME};
 pub use verbs_abi::verbs as abi;
 
@@ -49,6 +49,11 @@ pub enum VerbsError {
          libibverbs1 and ibverbs-providers (apt-get install libibverbs1 ibverbs-providers)"
     )]
     LibraryMissing { path: String, reason: String },
+    #[error(
+        "cannot load rdma-core's librdmacm ({path}): {reason}; install the Debian package \
+         librdmacm1 (apt-get install librdmacm1)"
+    )]
+    RdmacmMissing { path: String, reason: String },
     #[error("{path} has no symbol {symbol} (rdma-core 44 or later is needed): {reason}")]
     Symbol {
         path: String,
