@@ -89,7 +89,7 @@ fn run(cli: Cli, config: Config) -> Result<()> {
             let dev = VerbsDevice::open(&lib, ibdev, *port, config.engine())
                 .with_context(|| format!("opening RDMA device {ibdev} port {port}"))?;
             tracing::info!(
-                "device verbs:{ibdev}:{port} (rdma-core; connections: loopback pairs only)"
+                "device verbs:{ibdev}:{port} (rdma-core; connections: rdma_cm, loopback pairs)"
             );
             Some(dev)
         }
@@ -153,7 +153,15 @@ fn run(cli: Cli, config: Config) -> Result<()> {
             ),
             "soft-iwarp",
         ),
-        Some(dev) => (Arc::new(dev), "verbs"),
+        // rdma_cm on librdmacm: the configured addresses, else the device's own (its GIDs
+        // that are IP addresses); the same peer policy as the software device's.
+        Some(dev) => (
+            Arc::new(
+                dev.with_cm(config.cm_device_config(config.addresses(&[]), cm_policy.clone()))
+                    .context("starting the verbs device's connection manager (rdma_cm)")?,
+            ),
+            "verbs",
+        ),
     };
     tracing::info!(
         "addresses {addrs:?}; [cm] max-listeners {}, max-connects {}, allowed-ports {:?}, \
