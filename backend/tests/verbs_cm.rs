@@ -276,8 +276,13 @@ fn a_connect_nobody_listens_for_or_rejected_fails_with_an_event() {
         b"no",
     );
     assert_eq!(dev.qp_state(c2.ch.id, c2.qp.num).unwrap(), QpState::Error);
-    // Too much private data for an IB CM request: refused at once, the QP untouched.
+    // Too much private data for an IB CM request: refused at once, the QP untouched; a QP
+    // with no connection has nothing to disconnect.
     let c3 = end(&dev, 2);
+    assert!(matches!(
+        dev.cm_disconnect(c3.ch.id, c3.qp.num),
+        Err(DeviceError::InvalidArgument(_))
+    ));
     assert!(matches!(
         dev.cm_connect(c3.ch.id, c3.qp.num, addr, &[1; 57]),
         Err(DeviceError::InvalidArgument(_))

@@ -164,8 +164,9 @@ fn run(cli: Cli, config: Config) -> Result<()> {
         ),
     };
     tracing::info!(
-        "addresses {addrs:?}; [cm] max-listeners {}, max-connects {}, allowed-ports {:?}, \
+        "addresses {:?}; [cm] max-listeners {}, max-connects {}, allowed-ports {:?}, \
          allowed-peers {:?}, {} domain overrides",
+        device.local_addrs(),
         config.cm.max_listeners,
         config.cm.max_connects,
         config.cm.allowed_ports,

@@ -558,7 +558,9 @@ impl Shared {
         };
         let (local, peer) = addrs_of(id.raw());
         let Some(lst) = st.listeners.get(&l) else {
-            return;
+            // SAFETY: a live request id; no private data.
+            unsafe { (self.lib.fns.reject)(id.raw(), std::ptr::null(), 0) };
+            return self.destroy(id);
         };
         let peer = peer.unwrap_or(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0));
         let refuse = if !self.config.allows(lst.domid, peer) {
@@ -1199,8 +1201,23 @@ impl VerbsDevice {
         let phase = match st.qps.get(&qp) {
             Some(q) if q.ch == ch => q.phase,
             _ => {
-                self.inner.chan(ch)?;
-                return Err(refused(qp, "QP is not connected"));
+                // Not the connection manager's: as on the software device, a QP paired by
+                // `connect_qp` (or an address vector) is disconnected all the same.
+                let c = self.inner.chan(ch)?;
+                let q = lock(&c.res).qps.get(&qp).cloned().ok_or(bad("QP", qp.0))?;
+                if lock(&q.peer).is_none() {
+                    return Err(inval("the QP has no connection"));
+                }
+                if *lock(&q.state) != QpState::Error {
+                    fail_qp(&c, &q, false);
+                    c.post(&EventRepr {
+                        kind: EventKind::QpDisconnected,
+                        handle: qp.0,
+                        detail: 0,
+                    });
+                    self.inner.poke();
+                }
+                return Ok(());
             }
         };
         match phase {
