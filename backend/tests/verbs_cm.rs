@@ -64,8 +64,18 @@ fn device_with(config: CmConfig) -> Option<VerbsDevice> {
     Some(dev)
 }
 
+/// `VRDMA_TEST_CM_ADDR`: the device's address when its GIDs are not IP addresses (iWARP:
+/// siw's GID is its netdev's MAC).
+fn test_addrs() -> Vec<std::net::IpAddr> {
+    match std::env::var("VRDMA_TEST_CM_ADDR") {
+        Ok(a) if !a.is_empty() => vec![a.parse().expect("VRDMA_TEST_CM_ADDR is an IP address")],
+        _ => Vec::new(),
+    }
+}
+
 fn device() -> Option<VerbsDevice> {
     device_with(CmConfig {
+        addrs: test_addrs(),
         connect_timeout: Duration::from_secs(10),
         ..CmConfig::default()
     })
@@ -139,12 +149,15 @@ fn two_guests_connect_through_rdma_cm_and_send_write_read() {
     ));
     dev.cm_accept(s.ch.id, req, s.qp.num, b"reply")
         .expect("accept");
+    // IB CM carries QP numbers (the peer's real one is the detail); iWARP's MPA does not (0).
+    let iwarp = dev.cm_private_data_limits().expect("limits").0 == 255;
     let (sn, cn) = (s.qp.num, c.qp.num);
     for (e, peer) in [(&mut s, cn), (&mut c, sn)] {
         let ev = event(&mut e.ch);
         assert_eq!(ev.kind, EventKind::QpEstablished, "{ev:?}");
         assert_eq!(ev.handle, e.qp.num.0);
-        assert_eq!(ev.detail, u64::from(peer.0), "the peer's HCA QP number");
+        let want = if iwarp { 0 } else { u64::from(peer.0) };
+        assert_eq!(ev.detail, want, "the peer's HCA QP number");
         assert_eq!(dev.qp_state(e.ch.id, e.qp.num).unwrap(), QpState::Rts);
     }
     assert_private(
@@ -276,15 +289,18 @@ fn a_connect_nobody_listens_for_or_rejected_fails_with_an_event() {
         b"no",
     );
     assert_eq!(dev.qp_state(c2.ch.id, c2.qp.num).unwrap(), QpState::Error);
-    // Too much private data for an IB CM request: refused at once, the QP untouched; a QP
-    // with no connection has nothing to disconnect.
+    // Too much private data for a request (IB CM: 56 bytes; iWARP: 255): refused at once, the
+    // QP untouched; a QP with no connection has nothing to disconnect.
     let c3 = end(&dev, 2);
     assert!(matches!(
         dev.cm_disconnect(c3.ch.id, c3.qp.num),
         Err(DeviceError::InvalidArgument(_))
     ));
+    let (max_req, _, _) = dev.cm_private_data_limits().expect("limits");
+    assert!(max_req == 56 || max_req == 255, "IB CM's or iWARP's");
+    let too_long = max_req + 1;
     assert!(matches!(
-        dev.cm_connect(c3.ch.id, c3.qp.num, addr, &[1; 57]),
+        dev.cm_connect(c3.ch.id, c3.qp.num, addr, &vec![1; too_long]),
         Err(DeviceError::InvalidArgument(_))
     ));
     assert_eq!(dev.qp_state(c3.ch.id, c3.qp.num).unwrap(), QpState::Init);
@@ -301,7 +317,7 @@ fn a_peer_the_configuration_does_not_allow_is_refused_both_ways() {
     )
     .expect("config");
     let policy = Arc::new(CmPolicy::new(config.cm.clone()));
-    let mut cm = config.cm_device_config(Vec::new(), policy);
+    let mut cm = config.cm_device_config(test_addrs(), policy);
     cm.connect_timeout = Duration::from_secs(10);
     let Some(dev) = device_with(cm) else { return };
     // Connecting from domain 7: refused at once, the QP stays as it was.

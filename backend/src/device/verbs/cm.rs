@@ -329,6 +329,9 @@ impl CmState {
 
 struct Shared {
     lib: RdmaCm,
+    /// iWARP (MPA private data: up to [`MAX_PRIVATE_DATA`] each way, delivered exactly)
+    /// rather than IB CM's fixed sizes.
+    iwarp: bool,
     chan: NonNull<rdma_event_channel>,
     config: CmConfig,
     addrs: Vec<IpAddr>,
@@ -364,7 +367,7 @@ fn refused(qp: QpNum, why: &'static str) -> DeviceError {
 fn check_len(pd: &[u8], max: usize, what: &str) -> DeviceResult<()> {
     if pd.len() > max.min(MAX_PRIVATE_DATA) {
         return Err(inval(format!(
-            "{} bytes of private data in a{what}, at most {max} on this device (IB CM)",
+            "{} bytes of private data in a{what}, at most {max} on this device",
             pd.len()
         )));
     }
@@ -376,6 +379,15 @@ fn ms(d: Duration) -> c_int {
 }
 
 impl Shared {
+    /// The most private data a message may carry: IB CM's `ib` on RoCE and InfiniBand.
+    fn limit(&self, ib: usize) -> usize {
+        if self.iwarp {
+            MAX_PRIVATE_DATA
+        } else {
+            ib
+        }
+    }
+
     fn destroy(&self, id: Id) {
         // SAFETY: an id of this channel, destroyed once (the `Id` is consumed); its events
         // were acknowledged by the event thread before it took the table lock.
@@ -412,6 +424,10 @@ impl Shared {
         // SAFETY: a live id and valid out-structs of the header's layout.
         let rc = unsafe { (self.lib.fns.init_qp_attr)(id.raw(), &mut attr, &mut mask) };
         cm_call("rdma_init_qp_attr", rc)?;
+        if mask == 0 {
+            // iWARP: iw_cm gives nothing to set, the kernel moves the QP itself.
+            return Ok(());
+        }
         qp.hca.modify(&attr, u32::try_from(mask).unwrap_or(0))
     }
 
@@ -668,6 +684,19 @@ impl Shared {
                 qc.phase = Phase::Connected;
                 established(inner, &c, &q, e.qp_num);
             }
+            // iWARP's active side: iw_cm moved the QP to RTS on the MPA reply and reports
+            // ESTABLISHED directly (no CONNECT_RESPONSE, no QP numbers on the wire).
+            (RDMA_CM_EVENT_ESTABLISHED, Phase::Connecting) => {
+                qc.info.private_data = e.private;
+                qc.info.ird = u16::from(e.responder_resources);
+                qc.info.ord = u16::from(e.initiator_depth);
+                qc.peer_qpn = e.qp_num;
+                qc.phase = Phase::Connected;
+                match Self::qp_of(inner, ch, qpn) {
+                    Some((c, q)) => established(inner, &c, &q, e.qp_num),
+                    None => unreachable(self, st),
+                }
+            }
             (RDMA_CM_EVENT_ESTABLISHED, Phase::Accepting) => {
                 qc.phase = Phase::Connected;
                 let peer = qc.peer_qpn;
@@ -783,8 +812,10 @@ impl VerbsCm {
         } else {
             config.addrs.clone()
         };
+        let iwarp = inner.ctx.transport_type() == IBV_TRANSPORT_IWARP;
         let shared = Arc::new(Shared {
             lib,
+            iwarp,
             chan,
             config,
             addrs,
@@ -945,6 +976,18 @@ impl VerbsDevice {
             .map(|(k, _)| *k)
     }
 
+    /// The most private data a connect request, an accept and a reject may carry on this
+    /// device (IB CM's 56/196/148 bytes on RoCE and InfiniBand, 255 each on iWARP); `None`
+    /// without a connection manager.
+    pub fn cm_private_data_limits(&self) -> Option<(usize, usize, usize)> {
+        let s = self.vcm().ok()?;
+        Some((
+            s.limit(REQ_PRIVATE_DATA),
+            s.limit(REP_PRIVATE_DATA),
+            s.limit(REJ_PRIVATE_DATA),
+        ))
+    }
+
     pub(super) fn cm_addrs(&self) -> Vec<IpAddr> {
         self.vcm().map(|s| s.addrs.clone()).unwrap_or_default()
     }
@@ -1050,7 +1093,7 @@ impl VerbsDevice {
         private_data: &[u8],
     ) -> DeviceResult<()> {
         let s = self.vcm()?;
-        check_len(private_data, REQ_PRIVATE_DATA, " connect request")?;
+        check_len(private_data, s.limit(REQ_PRIVATE_DATA), " connect request")?;
         let mut st = lock(&s.st);
         let (c, q) = self.free_qp(&st, ch, qp)?;
         let domid = self.domid_of(&c).ok_or(bad("channel", ch.0))?;
@@ -1108,7 +1151,7 @@ impl VerbsDevice {
         private_data: &[u8],
     ) -> DeviceResult<()> {
         let s = self.vcm()?;
-        check_len(private_data, REP_PRIVATE_DATA, "n accept")?;
+        check_len(private_data, s.limit(REP_PRIVATE_DATA), "n accept")?;
         let mut st = lock(&s.st);
         if st.requests.get(&req).map(|r| r.ch) != Some(ch) {
             return Err(bad("connection request", req.0));
@@ -1169,7 +1212,7 @@ impl VerbsDevice {
         private_data: &[u8],
     ) -> DeviceResult<()> {
         let s = self.vcm()?;
-        check_len(private_data, REJ_PRIVATE_DATA, " reject")?;
+        check_len(private_data, s.limit(REJ_PRIVATE_DATA), " reject")?;
         let mut st = lock(&s.st);
         if st.requests.get(&req).map(|r| r.ch) != Some(ch) {
             return Err(bad("connection request", req.0));

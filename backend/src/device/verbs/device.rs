@@ -266,8 +266,8 @@ impl VerbsDevice {
         let ctx = lib.open_device(ibdev)?;
         if ctx.transport_type() == IBV_TRANSPORT_IWARP {
             return Err(VerbsError::Invalid(format!(
-                "{ibdev} is an iWARP device: its QPs connect through rdma_cm, which the verbs \
-                 device does not drive yet"
+                "{ibdev} is an iWARP device, not supported yet (rdma_cm connects on siw, but \
+                 guest memory is registered at the guest's iova, which siw ignores)"
             )));
         }
         let hca = ctx.query_device()?;
