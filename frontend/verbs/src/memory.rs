@@ -133,10 +133,20 @@ pub(crate) fn release(hold: Hold) {
     }
 }
 
+/// Runs `f` on a helper thread while the calling thread waits, blocked in the kernel: the
+/// copy-then-`mremap` of a range must not miss writes, and a range may hold the calling
+/// thread's own stack (a registered stack buffer shares pages with the frames of this call).
+fn off_stack<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| match s.spawn(f).join() {
+        Ok(v) => v,
+        Err(p) => std::panic::resume_unwind(p),
+    })
+}
+
 fn give_back(mut b: Backing) {
     // SAFETY: the backend's keys over these pages are gone (deregistered before release, or
     // never registered), so nobody else writes them.
-    if let Err(e) = unsafe { b.pages.release_as_private_copy() } {
+    if let Err(e) = off_stack(|| unsafe { b.pages.release_as_private_copy() }) {
         // Leaving the grant mapped keeps the program's bytes where they are.
         tracing::warn!("giving re-backed pages back: {e}");
         std::mem::forget(b);
@@ -161,9 +171,9 @@ fn rebacked(platform: &Platform, backend: DomId, start: usize, len: usize) -> Re
         .map_err(|e| e.raw_os_error().unwrap_or(ENOMEM))?;
     // SAFETY: `[start, start+len)` is mapped (checked) and belongs to the program, which
     // registers it and so hands it to the device: it does not unmap it while registered (the
-    // ibv_reg_mr contract). Concurrent writes by other threads during the copy are the
-    // documented limitation of this approach.
-    unsafe { pages.adopt_range(start as *mut u8) }.map_err(|e| {
+    // ibv_reg_mr contract). The calling thread is blocked while the helper thread copies and
+    // moves; concurrent writes by the program's other threads are the documented limitation.
+    off_stack(|| unsafe { pages.adopt_range(start as *mut u8) }).map_err(|e| {
         tracing::warn!("re-backing {len} bytes at {start:#x}: {e}");
         e.raw_os_error().unwrap_or(EFAULT)
     })?;
