@@ -175,6 +175,9 @@ pub(crate) struct Ctx {
     pub async_rd: OwnedFd,
     pub _async_wr: OwnedFd,
     pub watch: Arc<Watch>,
+    /// QP numbers whose flushed receives the program gets: QPs that reported an error
+    /// completion of their own or that the program moved to ERR (see `objects::poll_cq`).
+    pub flushing: Mutex<std::collections::HashSet<u32>>,
 }
 
 impl Ctx {
@@ -257,6 +260,7 @@ pub unsafe extern "C" fn vrdma_verbs_ibv_open_device(d: *mut ibv_device) -> *mut
             async_rd,
             _async_wr: async_wr,
             watch,
+            flushing: Mutex::new(Default::default()),
         });
         let p = Box::into_raw(ctx);
         // SAFETY: `p` is a live Box; the program gets the address of its embedded context.

@@ -601,6 +601,25 @@ fn to_ibv_wc(w: &WorkCompletion) -> ibv_wc {
     }
 }
 
+/// Whether the program sees completion `w`. On InfiniBand an RC QP whose peer went away
+/// stays in RTS with its receives posted (its next send fails with a retry error); the vrdma
+/// backend instead fails the QP when the peer's is destroyed and flushes its receive queue.
+/// A program that received its last message and waits for its last send's completion would
+/// then see a flushed receive first (`ibv_rc_pingpong` fails on it). So flushed receives are
+/// passed on only for QPs that reported an error of their own, or that the program moved to
+/// ERR: then the whole queue flushes, as on InfiniBand.
+fn deliver_wc(ctx: &Ctx, w: &WorkCompletion) -> bool {
+    let flushing = || ctx.flushing.lock().unwrap_or_else(|e| e.into_inner());
+    match w.status {
+        WcStatus::Success => true,
+        WcStatus::WrFlushError => w.opcode != WcOpcode::Recv || flushing().contains(&w.qp_num),
+        _ => {
+            flushing().insert(w.qp_num);
+            true
+        }
+    }
+}
+
 unsafe extern "C" fn poll_cq(p: *mut ibv_cq, n: c_int, out: *mut ibv_wc) -> c_int {
     guard(-1, || {
         // SAFETY: C contract.
@@ -613,6 +632,10 @@ unsafe extern "C" fn poll_cq(p: *mut ibv_cq, n: c_int, out: *mut ibv_wc) -> c_in
         if out.is_null() {
             return -1;
         }
+        // SAFETY: the CQ's context is live.
+        let Some(ctx) = (unsafe { Ctx::of(cq.cq.context) }) else {
+            return -1;
+        };
         let mut q = cq.vr.lock().unwrap_or_else(|e| e.into_inner());
         let mut buf = [WorkCompletion::default(); 16];
         let mut done = 0usize;
@@ -625,11 +648,15 @@ unsafe extern "C" fn poll_cq(p: *mut ibv_cq, n: c_int, out: *mut ibv_wc) -> c_in
                     return if done > 0 { done as c_int } else { -1 };
                 }
             };
-            for (i, w) in buf[..got].iter().enumerate() {
-                // SAFETY: the caller's array holds `n` entries; done + i < n.
-                unsafe { out.add(done + i).write(to_ibv_wc(w)) };
+            for w in &buf[..got] {
+                if !deliver_wc(ctx, w) {
+                    continue;
+                }
+                // SAFETY: the caller's array holds `n` entries; done < n (each pass asks for
+                // at most n - done).
+                unsafe { out.add(done).write(to_ibv_wc(w)) };
+                done += 1;
             }
-            done += got;
             if got < want {
                 break;
             }
@@ -767,8 +794,16 @@ pub unsafe extern "C" fn vrdma_verbs_ibv_create_qp(
 #[no_mangle]
 pub unsafe extern "C" fn vrdma_verbs_ibv_destroy_qp(p: *mut ibv_qp) -> c_int {
     guard(EIO, || {
-        if p.is_null() {
+        // SAFETY: C contract.
+        let Some(qp) = (unsafe { Qp::of(p) }) else {
             return EINVAL;
+        };
+        // SAFETY: the QP's context is live.
+        if let Some(ctx) = unsafe { Ctx::of(qp.qp.context) } {
+            ctx.flushing
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&qp.qp.qp_num);
         }
         // SAFETY: from Box::into_raw in create_qp, destroyed once.
         drop(unsafe { Box::from_raw(p.cast::<Qp>()) });
@@ -879,6 +914,12 @@ pub unsafe extern "C" fn vrdma_verbs_ibv_modify_qp(
         keep!(IBV_QP_SQ_PSN, sq_psn);
         keep!(IBV_QP_MAX_DEST_RD_ATOMIC, max_dest_rd_atomic);
         keep!(IBV_QP_DEST_QPN, dest_qp_num);
+        if to == IBV_QPS_ERR {
+            ctx.flushing
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(qp.qp.qp_num);
+        }
         cur.qp_state = to;
         cur.cur_qp_state = to;
         // SAFETY: the program's ibv_qp is ours; `state` is libibverbs' public field.

@@ -3,7 +3,7 @@
 //!
 //! - Debian's `ibv_devinfo -v` lists the vrdma device with its port active;
 //! - Debian's `ibv_rc_pingpong -g 0` runs between two guests (server and client), buffer
-//!   validation on (`-c`);
+//!   validation on (`-c`), polling and with completion events (`-e`);
 //! - `tests/c/verbs_check.c`, compiled against rdma-core's verbs.h, checks what the tools do
 //!   not: data RDMA-written into malloc'd memory, `ibv_dereg_mr` revoking the rkey at once
 //!   (the next write with it fails with a remote access error), the bytes staying in place
@@ -150,6 +150,16 @@ fn qpns(out: &str) -> (Option<u32>, Option<u32>) {
 
 #[test]
 fn ibv_rc_pingpong_runs_between_two_guests() {
+    pingpong(&[]);
+}
+
+/// `-e`: the tool sleeps on its completion channel (`ibv_get_cq_event`) instead of polling.
+#[test]
+fn ibv_rc_pingpong_with_completion_events_runs_between_two_guests() {
+    pingpong(&["-e"]);
+}
+
+fn pingpong(extra: &[&str]) {
     if !have("ibv_rc_pingpong", "ibverbs-utils") {
         return;
     }
@@ -158,9 +168,10 @@ fn ibv_rc_pingpong_runs_between_two_guests() {
     let b = lab.create_guest("pp-client").expect("guest b");
     let port = free_port().to_string();
     let iters = "200";
-    let common = ["-g", "0", "-p", &port, "-n", iters, "-s", "4096", "-c"];
+    let mut common = vec!["-g", "0", "-p", &port, "-n", iters, "-s", "4096", "-c"];
+    common.extend_from_slice(extra);
     let mut server_args = vec!["ibv_rc_pingpong"];
-    server_args.extend(common);
+    server_args.extend(&common);
     let mut server = exec_in(&lab, a, &server_args);
     // The server listens once its QP exists (its stdout is a pipe, so fully buffered: watch
     // the socket table, not its output; a probing connection would be taken for the client).
@@ -173,7 +184,7 @@ fn ibv_rc_pingpong_runs_between_two_guests() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let mut client_args = vec!["ibv_rc_pingpong"];
-    client_args.extend(common);
+    client_args.extend(&common);
     client_args.push("127.0.0.1");
     let mut client = exec_in(&lab, b, &client_args);
     let (cok, cout, cerr) = client.finish(Duration::from_secs(240));
