@@ -426,7 +426,8 @@ pub unsafe extern "C" fn vrdma_verbs_ibv_create_cq(
         if cqe <= 0 {
             return null_errno(EINVAL);
         }
-        let vr = match ctx.vr.create_cq(cqe as u32) {
+        // The device's CQs have at least 2 entries.
+        let vr = match ctx.vr.create_cq((cqe as u32).max(2)) {
             Ok(q) => q,
             Err(e) => return null_errno(fail("ibv_create_cq", &e)),
         };

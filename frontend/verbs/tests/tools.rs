@@ -4,12 +4,14 @@
 //! - Debian's `ibv_devinfo -v` lists the vrdma device with its port active;
 //! - Debian's `ibv_rc_pingpong -g 0` runs between two guests (server and client), buffer
 //!   validation on (`-c`), polling and with completion events (`-e`);
+//! - Debian's perftest `ib_{send,write,read}_{lat,bw}` (address vectors, no `-R`), 50
+//!   iterations each, between two guests;
 //! - `tests/c/verbs_check.c`, compiled against rdma-core's verbs.h, checks what the tools do
 //!   not: data RDMA-written into malloc'd memory, `ibv_dereg_mr` revoking the rkey at once
 //!   (the next write with it fails with a remote access error), the bytes staying in place
 //!   after deregistration, and the unsupported verbs failing with EOPNOTSUPP.
 //!
-//! Needs `ibverbs-utils` (the tools), `libibverbs-dev` and `gcc` (scripts/host-packages.txt).
+//! Needs `ibverbs-utils` and `perftest` (the tools), `libibverbs-dev` and `gcc` (scripts/host-packages.txt).
 //! Without them the tests FAIL and say why, unless `VRDMA_SKIP_VERBS_TOOLS=1` is set, in which
 //! case they print loudly that they did not run.
 
@@ -215,6 +217,83 @@ fn pingpong(extra: &[&str]) {
     for e in [&cerr, &serr] {
         assert!(!e.contains("Failed status"), "a completion failed:\n{e}");
     }
+}
+
+/// Debian's perftest tool `tool` (AV mode, no `-R`) between two guests: both ends finish, the
+/// client prints a result row, and so does the server unless it is passive (`ib_read_lat`).
+fn perftest(tool: &str, extra: &[&str]) {
+    if !have(tool, "perftest") {
+        return;
+    }
+    let mut lab = Lab::start(None).expect("start the simulated host and the backend");
+    let a = lab.create_guest("pt-server").expect("guest a");
+    let b = lab.create_guest("pt-client").expect("guest b");
+    let port = free_port().to_string();
+    let mut common = vec![tool, "-p", &port, "-n", "50"];
+    common.extend_from_slice(extra);
+    let mut server = exec_in(&lab, a, &common);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !listening(&port) {
+        if std::time::Instant::now() > deadline {
+            let (_, out, err) = server.finish(Duration::from_secs(5));
+            panic!("{tool} server did not listen on port {port}:\n{out}\n{err}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut client_args = common.clone();
+    client_args.push("127.0.0.1");
+    let mut client = exec_in(&lab, b, &client_args);
+    let (cok, cout, cerr) = client.finish(Duration::from_secs(240));
+    let (sok, sout, serr) = server.finish(Duration::from_secs(if cok { 60 } else { 5 }));
+    assert!(
+        cok && sok,
+        "{tool} failed\n--- client:\n{cout}\n{cerr}\n--- server:\n{sout}\n{serr}"
+    );
+    for (who, out) in [("client", &cout), ("server", &sout)] {
+        assert!(out.contains("Link type       : Ethernet"), "{who}:\n{out}");
+        if who == "server" && tool == "ib_read_lat" {
+            continue;
+        }
+        // The header, then a row starting with the message size.
+        let mut lines = out
+            .lines()
+            .skip_while(|l| !l.trim_start().starts_with("#bytes"));
+        let row = lines.nth(1).unwrap_or_default();
+        assert!(
+            row.split_whitespace().nth(1) == Some("50"),
+            "{who} printed no result row for 50 iterations:\n{out}"
+        );
+    }
+}
+
+#[test]
+fn perftest_send_lat() {
+    perftest("ib_send_lat", &[]);
+}
+
+#[test]
+fn perftest_write_lat() {
+    perftest("ib_write_lat", &[]);
+}
+
+#[test]
+fn perftest_read_lat() {
+    perftest("ib_read_lat", &[]);
+}
+
+#[test]
+fn perftest_send_bw() {
+    perftest("ib_send_bw", &[]);
+}
+
+#[test]
+fn perftest_write_bw() {
+    perftest("ib_write_bw", &[]);
+}
+
+#[test]
+fn perftest_read_bw() {
+    perftest("ib_read_bw", &[]);
 }
 
 fn build_c(dir: &Path, name: &str) -> PathBuf {
