@@ -32,6 +32,9 @@ impl Backing {
     }
 }
 
+/// Pages re-backed by one grant call at most (`vrdma-simhost` takes 16384 per call).
+const MAX_RUN_PAGES: usize = 16384;
+
 /// Re-backed ranges of this process, by start address.
 static BACKINGS: Mutex<BTreeMap<usize, Backing>> = Mutex::new(BTreeMap::new());
 
@@ -80,8 +83,13 @@ pub(crate) fn acquire(
                     p = upto;
                 }
                 None => {
-                    // A run of pages not re-backed yet: up to the next backing or the end.
-                    let next = map.range(p..).next().map_or(end, |(&s, _)| s.min(end));
+                    // A run of pages not re-backed yet: up to the next backing or the end, at
+                    // most what one grant call takes (the simulated host's limit).
+                    let next = map
+                        .range(p..)
+                        .next()
+                        .map_or(end, |(&s, _)| s.min(end))
+                        .min(p + MAX_RUN_PAGES * PAGE_SIZE);
                     let b = rebacked(platform, backend, p, next - p)?;
                     grefs.extend_from_slice(&b.grefs);
                     map.insert(p, b);
