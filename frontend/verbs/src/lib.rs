@@ -17,10 +17,13 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+mod cq;
 mod device;
 mod memory;
 mod misc;
+mod mr;
 mod objects;
+mod qp;
 
 // `vrdma_verbs_<name>` → `<name>@@<version>` for every line of exports.txt (build.rs).
 std::arch::global_asm!(include_str!(concat!(env!("OUT_DIR"), "/symver.s")));
@@ -78,9 +81,12 @@ pub(crate) fn fail(what: &str, e: &vrdma::Error) -> i32 {
 #[cfg(test)]
 mod tests {
     //! Bad arguments give errors, never a crash: NULL and foreign objects everywhere.
+    use super::cq::*;
     use super::device::*;
     use super::misc::*;
+    use super::mr::*;
     use super::objects::*;
+    use super::qp::*;
     use std::ffi::CStr;
     use verbs_abi::verbs::*;
 
