@@ -324,9 +324,14 @@ fn wqe_sges(
 }
 
 fn post_one_send(qp: &Qp, pd: &Pd, wr: &ibv_send_wr) -> Result<(), i32> {
+    if wr.num_sge < 0
+        || wr.num_sge as usize > vrdma::MAX_SGE
+        || (wr.num_sge > 0 && wr.sg_list.is_null())
+    {
+        return Err(EINVAL);
+    }
     let mut sges = [Sge::default(); vrdma::MAX_SGE];
-    let total: u64 = (0..wr.num_sge.max(0) as usize)
-        .filter(|_| !wr.sg_list.is_null())
+    let total: u64 = (0..wr.num_sge as usize)
         // SAFETY: `sg_list` holds `num_sge` entries.
         .map(|i| u64::from(unsafe { wr.sg_list.add(i).read() }.length))
         .sum();

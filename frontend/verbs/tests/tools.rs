@@ -9,7 +9,8 @@
 //! - `tests/c/verbs_check.c`, compiled against rdma-core's verbs.h, checks what the tools do
 //!   not: data RDMA-written into malloc'd memory, `ibv_dereg_mr` revoking the rkey at once
 //!   (the next write with it fails with a remote access error), the bytes staying in place
-//!   after deregistration, and the unsupported verbs failing with EOPNOTSUPP.
+//!   after deregistration, bad work requests refused with EINVAL, and the unsupported verbs
+//!   failing with EOPNOTSUPP.
 //!
 //! Needs `ibverbs-utils` and `perftest` (the tools), `libibverbs-dev` and `gcc` (scripts/host-packages.txt).
 //! Without them the tests FAIL and say why, unless `VRDMA_SKIP_VERBS_TOOLS=1` is set, in which
@@ -333,6 +334,7 @@ fn dereg_mr_revokes_the_rkey_at_once_and_app_memory_works() {
         "write into malloc'd memory: ok",
         "write into stack memory: ok",
         "two regions on one page: ok",
+        "bad work requests: EINVAL",
         "write after dereg: remote access error",
         "bytes kept after dereg: ok",
         "UD QP: EOPNOTSUPP",

@@ -206,6 +206,23 @@ int main(void)
 		printf("completion event: ok\n");
 	}
 
+	/* bad work requests are refused at post time, never dereferenced blindly */
+	{
+		struct ibv_send_wr wr = { .wr_id = 9, .sg_list = NULL, .num_sge = 1,
+			.opcode = IBV_WR_SEND,
+			.send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED }, *bad = NULL;
+		if (ibv_post_send(qa, &wr, &bad) != EINVAL || bad != &wr)
+			FAIL("a send with one SGE and no list");
+		struct ibv_sge sge = { .addr = (uintptr_t)src, .length = 8, .lkey = ms->lkey };
+		wr.sg_list = &sge;
+		wr.send_flags = IBV_SEND_SIGNALED;
+		wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+		bad = NULL;
+		if (ibv_post_send(qa, &wr, &bad) != EINVAL || bad != &wr)
+			FAIL("an atomic work request");
+		printf("bad work requests: EINVAL\n");
+	}
+
 	/* dereg revokes the rkey at once; the program keeps its bytes */
 	uint32_t old_rkey = md->rkey;
 	if (ibv_dereg_mr(md))
