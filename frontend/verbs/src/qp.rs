@@ -258,11 +258,20 @@ pub unsafe extern "C" fn vrdma_verbs_ibv_modify_qp(
         keep!(IBV_QP_SQ_PSN, sq_psn);
         keep!(IBV_QP_MAX_DEST_RD_ATOMIC, max_dest_rd_atomic);
         keep!(IBV_QP_DEST_QPN, dest_qp_num);
-        if to == IBV_QPS_ERR {
+        if to == IBV_QPS_ERR && from != IBV_QPS_ERR {
             ctx.flushing
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(qp.qp.qp_num);
+            if matches!(from, IBV_QPS_RTR | IBV_QPS_RTS) {
+                // The backend's Disconnect moves a paired (or pairing) QP to Error: its work
+                // requests flush, as on a move to ERR. (The peer's QP fails too; its flushed
+                // receives are not passed on, see cq::deliver_wc.)
+                let r = qp.vr.lock().unwrap_or_else(|e| e.into_inner()).disconnect();
+                if let Err(e) = r {
+                    return fail("ibv_modify_qp(ERR)", &e);
+                }
+            }
         }
         cur.qp_state = to;
         cur.cur_qp_state = to;

@@ -223,6 +223,46 @@ int main(void)
 		printf("bad work requests: EINVAL\n");
 	}
 
+	/* a move to ERR flushes the posted receives */
+	{
+		struct ibv_qp *qc = make_qp(IBV_QPT_RC), *qd = make_qp(IBV_QPT_RC);
+		if (!qc || !qd)
+			FAIL("second pair");
+		connect_qp(qc, qd->qp_num, &gid);
+		connect_qp(qd, qc->qp_num, &gid);
+		struct ibv_mr *mr = ibv_reg_mr(pd, dst, 256, IBV_ACCESS_LOCAL_WRITE);
+		if (!mr)
+			FAIL("reg_mr for receives");
+		for (int i = 0; i < 3; i++) {
+			struct ibv_sge sge = { .addr = (uintptr_t)dst, .length = 64, .lkey = mr->lkey };
+			struct ibv_recv_wr wr = { .wr_id = 100 + i, .sg_list = &sge, .num_sge = 1 }, *bad;
+			if (ibv_post_recv(qd, &wr, &bad))
+				FAIL("post_recv");
+		}
+		struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
+		if (ibv_modify_qp(qd, &a, IBV_QP_STATE))
+			FAIL("modify to ERR");
+		int flushed = 0;
+		for (long i = 0; i < 20000000 && flushed < 3; i++) {
+			struct ibv_wc wc;
+			int n = ibv_poll_cq(cq, 1, &wc);
+			if (n < 0)
+				FAIL("poll_cq");
+			if (n == 1) {
+				if (wc.qp_num != qd->qp_num || wc.status != IBV_WC_WR_FLUSH_ERR ||
+				    wc.wr_id != (uint64_t)(100 + flushed))
+					FAIL("unexpected completion qp %u status %d wr_id %llu", wc.qp_num,
+					     wc.status, (unsigned long long)wc.wr_id);
+				flushed++;
+			}
+		}
+		if (flushed != 3)
+			FAIL("%d of 3 receives flushed by the move to ERR", flushed);
+		if (ibv_destroy_qp(qc) || ibv_destroy_qp(qd) || ibv_dereg_mr(mr))
+			FAIL("second pair teardown");
+		printf("move to ERR flushes receives: ok\n");
+	}
+
 	/* dereg revokes the rkey at once; the program keeps its bytes */
 	uint32_t old_rkey = md->rkey;
 	if (ibv_dereg_mr(md))
