@@ -91,16 +91,70 @@ pub(crate) struct Watch {
     armed: Mutex<Vec<usize>>,
     stop: AtomicBool,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Asynchronous events for `ibv_get_async_event`, once a program asked for one.
+    pub events: AsyncEvents,
+    events_wanted: AtomicBool,
+}
+
+/// The backend's asynchronous events that libibverbs has an equivalent for, queued for
+/// `ibv_get_async_event` (one byte in the pipe each; `async_fd` is the read end).
+pub(crate) struct AsyncEvents {
+    pub q: Mutex<VecDeque<(vrdma::EventKind, u32)>>,
+    pub rd: OwnedFd,
+    wr: OwnedFd,
 }
 
 impl Watch {
-    pub fn new(ctx: vrdma::Context) -> Arc<Watch> {
+    pub fn new(ctx: vrdma::Context, rd: OwnedFd, wr: OwnedFd) -> Arc<Watch> {
         Arc::new(Watch {
             ctx,
             armed: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             thread: Mutex::new(None),
+            events: AsyncEvents {
+                q: Mutex::new(VecDeque::new()),
+                rd,
+                wr,
+            },
+            events_wanted: AtomicBool::new(false),
         })
+    }
+
+    /// Collects the backend's asynchronous events from now on (from `ibv_open_device`: a
+    /// program may poll `async_fd` before it calls `ibv_get_async_event`).
+    pub fn want_events(self: &Arc<Self>) {
+        self.events_wanted.store(true, Ordering::Release);
+        self.start();
+    }
+
+    /// Moves the backend's events with a libibverbs equivalent into the queue. QP
+    /// disconnection has none (on InfiniBand a peer's going away raises no event), nor have
+    /// the connection manager's events (librdmacm's).
+    fn pump_events(&self) {
+        use vrdma::EventKind as K;
+        let got = match self.ctx.async_events() {
+            Ok(v) => v,
+            Err(_) => vec![vrdma::AsyncEvent {
+                kind: K::DeviceLost,
+                handle: 0,
+                detail: 0,
+            }],
+        };
+        for e in got {
+            if !matches!(e.kind, K::QpFatal | K::CqOverrun | K::DeviceLost) {
+                continue;
+            }
+            let mut q = self.events.q.lock().unwrap_or_else(|e| e.into_inner());
+            // Device loss is reported once.
+            if e.kind == K::DeviceLost && q.iter().any(|(k, _)| *k == K::DeviceLost) {
+                continue;
+            }
+            q.push_back((e.kind, e.handle));
+            let _ = rustix::io::write(&self.events.wr, &[1]);
+            if e.kind == K::DeviceLost {
+                self.events_wanted.store(false, Ordering::Release);
+            }
+        }
     }
 
     fn arm(self: &Arc<Self>, cq: *const Cq) {
@@ -109,6 +163,10 @@ impl Watch {
             a.push(cq as usize);
         }
         drop(a);
+        self.start();
+    }
+
+    fn start(self: &Arc<Self>) {
         let mut t = self.thread.lock().unwrap_or_else(|e| e.into_inner());
         if t.is_none() {
             let me = self.clone();
@@ -143,12 +201,18 @@ impl Watch {
     fn run(&self) {
         while !self.stop.load(Ordering::Acquire) {
             self.scan();
-            // Notifications wake us at once; the timeout bounds a missed one.
-            if self
-                .ctx
-                .wait_notification(Duration::from_millis(20))
-                .is_err()
-            {
+            if self.events_wanted.load(Ordering::Acquire) {
+                self.pump_events();
+            }
+            // Notifications wake us at once; the timeout bounds a missed one (shorter while
+            // a CQ is armed).
+            let idle = self
+                .armed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_empty();
+            let t = Duration::from_millis(if idle { 200 } else { 20 });
+            if self.ctx.wait_notification(t).is_err() {
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
@@ -210,11 +274,16 @@ pub unsafe extern "C" fn vrdma_verbs_ibv_create_cq(
         cq.cq_context = cq_context;
         cq.handle = vr.handle();
         cq.cqe = size.min(i32::MAX as u32) as c_int;
-        Box::into_raw(Box::new(Cq {
+        let handle = cq.handle;
+        let p = Box::into_raw(Box::new(Cq {
             cq,
             vr: Mutex::new(vr),
-        }))
-        .cast()
+        }));
+        ctx.cqs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(handle, p as usize);
+        p.cast()
     })
 }
 
@@ -228,6 +297,10 @@ pub unsafe extern "C" fn vrdma_verbs_ibv_destroy_cq(p: *mut ibv_cq) -> c_int {
         // SAFETY: the CQ's context is live.
         if let Some(ctx) = unsafe { Ctx::of(cq.cq.context) } {
             ctx.watch.forget(cq);
+            ctx.cqs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&cq.cq.handle);
         }
         if !cq.cq.channel.is_null() {
             // SAFETY: a channel outlives its CQs.

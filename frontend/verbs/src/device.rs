@@ -12,7 +12,7 @@
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::mem::{offset_of, size_of};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 
 use verbs_abi::verbs::*;
@@ -170,11 +170,11 @@ pub(crate) struct Ctx {
     pub attrs: DeviceAttrs,
     pub gid: [u8; 16],
     pub guid: u64,
-    /// Asynchronous events: nothing is written yet (device loss shows as errors), so
-    /// `ibv_get_async_event` blocks on the read end, as on an idle device.
-    pub async_rd: OwnedFd,
-    pub _async_wr: OwnedFd,
+    /// CQ completion events and asynchronous events (`async_fd` is `watch.events.rd`).
     pub watch: Arc<Watch>,
+    /// Live QPs and CQs by backend handle (asynchronous events name them so).
+    pub qps: Mutex<std::collections::HashMap<u32, usize>>,
+    pub cqs: Mutex<std::collections::HashMap<u32, usize>>,
     /// QP numbers whose flushed receives the program gets: QPs that reported an error
     /// completion of their own or that the program moved to ERR (see `objects::poll_cq`).
     pub flushing: Mutex<std::collections::HashSet<u32>>,
@@ -249,7 +249,8 @@ pub unsafe extern "C" fn vrdma_verbs_ibv_open_device(d: *mut ibv_device) -> *mut
         vctx.context.num_comp_vectors = 1;
         vctx.context.abi_compat = VERBS_ABI_IS_EXTENDED as *mut c_void;
         let gid = gid_for(&vr);
-        let watch = Watch::new(vr.clone());
+        let watch = Watch::new(vr.clone(), async_rd, async_wr);
+        watch.want_events();
         let ctx = Box::new(Ctx {
             vctx,
             vr,
@@ -257,9 +258,9 @@ pub unsafe extern "C" fn vrdma_verbs_ibv_open_device(d: *mut ibv_device) -> *mut
             attrs,
             gid,
             guid: guid(dev.devid),
-            async_rd,
-            _async_wr: async_wr,
             watch,
+            qps: Mutex::new(Default::default()),
+            cqs: Mutex::new(Default::default()),
             flushing: Mutex::new(Default::default()),
         });
         let p = Box::into_raw(ctx);
@@ -537,6 +538,9 @@ pub unsafe extern "C" fn vrdma_verbs_ibv_get_pkey_index(
     })
 }
 
+/// The backend's QP fatal, CQ overrun and device loss events, as `IBV_EVENT_QP_FATAL`,
+/// `IBV_EVENT_CQ_ERR` and `IBV_EVENT_DEVICE_FATAL`. Blocks on `async_fd` unless the program
+/// made it non-blocking (then EAGAIN). Events of objects already destroyed are skipped.
 #[no_mangle]
 pub unsafe extern "C" fn vrdma_verbs_ibv_get_async_event(
     c: *mut ibv_context,
@@ -552,18 +556,56 @@ pub unsafe extern "C" fn vrdma_verbs_ibv_get_async_event(
             set_errno(EINVAL);
             return -1;
         }
-        // Nothing is ever written: this blocks like an idle device (or fails with EAGAIN
-        // if the program made the fd non-blocking).
-        let mut b = [0u8; 1];
-        match rustix::io::read(&ctx.async_rd, &mut b) {
-            Ok(_) => {
-                set_errno(EIO);
-                -1
-            }
-            Err(e) => {
+        ctx.watch.want_events();
+        loop {
+            let mut b = [0u8; 1];
+            if let Err(e) = rustix::io::read(&ctx.watch.events.rd, &mut b) {
                 set_errno(e.raw_os_error());
-                -1
+                return -1;
             }
+            let next = ctx
+                .watch
+                .events
+                .q
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pop_front();
+            let Some((kind, handle)) = next else {
+                continue;
+            };
+            let lookup = |m: &Mutex<std::collections::HashMap<u32, usize>>| {
+                m.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&handle)
+                    .copied()
+            };
+            let ev = match kind {
+                vrdma::EventKind::QpFatal => match lookup(&ctx.qps) {
+                    Some(p) => ibv_async_event {
+                        element: ibv_async_event_element {
+                            qp: p as *mut ibv_qp,
+                        },
+                        event_type: IBV_EVENT_QP_FATAL,
+                    },
+                    None => continue,
+                },
+                vrdma::EventKind::CqOverrun => match lookup(&ctx.cqs) {
+                    Some(p) => ibv_async_event {
+                        element: ibv_async_event_element {
+                            cq: p as *mut ibv_cq,
+                        },
+                        event_type: IBV_EVENT_CQ_ERR,
+                    },
+                    None => continue,
+                },
+                _ => ibv_async_event {
+                    element: ibv_async_event_element { port_num: 1 },
+                    event_type: IBV_EVENT_DEVICE_FATAL,
+                },
+            };
+            // SAFETY: the caller's event struct.
+            unsafe { event.write(ev) };
+            return 0;
         }
     })
 }

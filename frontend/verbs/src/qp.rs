@@ -123,15 +123,24 @@ pub unsafe extern "C" fn vrdma_verbs_ibv_create_qp(
             path_mtu: IBV_MTU_4096,
             ..Default::default()
         };
-        Box::into_raw(Box::new(Qp {
+        // SAFETY: the PD's context is live.
+        let ctx = unsafe { Ctx::of(pd.pd.context) };
+        let handle = q.handle;
+        let p = Box::into_raw(Box::new(Qp {
             qp: q,
             vr: Mutex::new(vr),
             attr: Mutex::new(attr),
             init: *ia,
             sq_sig_all: ia.sq_sig_all != 0,
             connecting: Mutex::new(None),
-        }))
-        .cast()
+        }));
+        if let Some(ctx) = ctx {
+            ctx.qps
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(handle, p as usize);
+        }
+        p.cast()
     })
 }
 
@@ -148,6 +157,10 @@ pub unsafe extern "C" fn vrdma_verbs_ibv_destroy_qp(p: *mut ibv_qp) -> c_int {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(&qp.qp.qp_num);
+            ctx.qps
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&qp.qp.handle);
         }
         // SAFETY: from Box::into_raw in create_qp, destroyed once.
         drop(unsafe { Box::from_raw(p.cast::<Qp>()) });

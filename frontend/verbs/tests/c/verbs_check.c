@@ -206,6 +206,45 @@ int main(void)
 		printf("completion event: ok\n");
 	}
 
+	/* an overrun CQ raises an asynchronous event on async_fd */
+	{
+		struct ibv_cq *small_cq = ibv_create_cq(ctx, 1, NULL, NULL, 0);
+		if (!small_cq)
+			FAIL("small cq");
+		struct ibv_qp_init_attr ia = {
+			.send_cq = small_cq, .recv_cq = small_cq, .qp_type = IBV_QPT_RC,
+			.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 1 },
+		};
+		struct ibv_qp *qe = ibv_create_qp(pd, &ia), *qf = ibv_create_qp(pd, &ia);
+		if (!qe || !qf)
+			FAIL("overrun pair");
+		connect_qp(qe, qf->qp_num, &gid);
+		connect_qp(qf, qe->qp_num, &gid);
+		for (int i = 0; i < 8; i++) {
+			struct ibv_sge sge = { .addr = (uintptr_t)src, .length = 8, .lkey = ms->lkey };
+			struct ibv_send_wr wr = { .wr_id = 200 + i, .sg_list = &sge, .num_sge = 1,
+				.opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED }, *bad;
+			wr.wr.rdma.remote_addr = (uintptr_t)(dst + 100);
+			wr.wr.rdma.rkey = md->rkey;
+			if (ibv_post_send(qe, &wr, &bad))
+				break; /* the QP may already be in error */
+		}
+		struct pollfd p = { .fd = ctx->async_fd, .events = POLLIN };
+		if (poll(&p, 1, 10000) != 1)
+			FAIL("no asynchronous event within 10 s of a CQ overrun");
+		struct ibv_async_event ev;
+		if (ibv_get_async_event(ctx, &ev))
+			FAIL("get_async_event: %s", strerror(errno));
+		if (!((ev.event_type == IBV_EVENT_QP_FATAL && ev.element.qp == qe) ||
+		      (ev.event_type == IBV_EVENT_CQ_ERR && ev.element.cq == small_cq)))
+			FAIL("async event %d is not QP_FATAL of the QP or CQ_ERR of the CQ", ev.event_type);
+		ibv_ack_async_event(&ev);
+		if (ibv_destroy_qp(qe) || ibv_destroy_qp(qf) || ibv_destroy_cq(small_cq))
+			FAIL("overrun pair teardown");
+		printf("async event on CQ overrun: %s\n",
+		       ev.event_type == IBV_EVENT_QP_FATAL ? "QP fatal" : "CQ error");
+	}
+
 	/* bad work requests are refused at post time, never dereferenced blindly */
 	{
 		struct ibv_send_wr wr = { .wr_id = 9, .sg_list = NULL, .num_sge = 1,
