@@ -230,7 +230,8 @@ fn perftest(tool: &str, extra: &[&str]) {
     let a = lab.create_guest("pt-server").expect("guest a");
     let b = lab.create_guest("pt-client").expect("guest b");
     let port = free_port().to_string();
-    let mut common = vec![tool, "-p", &port, "-n", "50"];
+    let iters = if extra.contains(&"-a") { "5" } else { "50" };
+    let mut common = vec![tool, "-p", &port, "-n", iters];
     common.extend_from_slice(extra);
     let mut server = exec_in(&lab, a, &common);
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
@@ -255,15 +256,27 @@ fn perftest(tool: &str, extra: &[&str]) {
         if who == "server" && tool == "ib_read_lat" {
             continue;
         }
-        // The header, then a row starting with the message size.
-        let mut lines = out
+        // The header, then a row per size: size, iterations, figures.
+        let rows: Vec<&str> = out
             .lines()
-            .skip_while(|l| !l.trim_start().starts_with("#bytes"));
-        let row = lines.nth(1).unwrap_or_default();
+            .skip_while(|l| !l.trim_start().starts_with("#bytes"))
+            .skip(1)
+            .take_while(|l| !l.starts_with("---"))
+            .collect();
         assert!(
-            row.split_whitespace().nth(1) == Some("50"),
-            "{who} printed no result row for 50 iterations:\n{out}"
+            !rows.is_empty()
+                && rows
+                    .iter()
+                    .all(|r| r.split_whitespace().nth(1) == Some(iters)),
+            "{who} printed no result rows for {iters} iterations:\n{out}"
         );
+        if extra.contains(&"-a") {
+            assert!(
+                rows.last()
+                    .is_some_and(|r| r.trim_start().starts_with("8388608 ")),
+                "{who} did not reach 8 MiB:\n{out}"
+            );
+        }
     }
 }
 
@@ -295,6 +308,12 @@ fn perftest_write_bw() {
 #[test]
 fn perftest_read_bw() {
     perftest("ib_read_bw", &[]);
+}
+
+/// `-a`: every size from 2 B to 8 MiB (buffers of 2 × 8 MiB registered: page directories).
+#[test]
+fn perftest_write_bw_all_sizes() {
+    perftest("ib_write_bw", &["-a"]);
 }
 
 fn build_c(dir: &Path, name: &str) -> PathBuf {
