@@ -209,6 +209,18 @@ fn refused_connects_look_the_same_and_qp_numbers_are_not_sequential() {
     good.check(&dev);
 }
 
+/// QP numbers are InfiniBand's 24 bits: verbs programs print and exchange them that wide
+/// (`ibv_rc_pingpong` formats `%06x` into a fixed buffer; docs/verbs.md).
+#[test]
+fn qp_numbers_fit_24_bits() {
+    let dev = device();
+    let mut e = TestChannel::open(&dev, 5, ChannelMode::Bypass);
+    let cq = e.cq(&dev, 6);
+    let nums: Vec<u32> = (0..12).map(|_| e.qp(&dev, &cq, &cq, 2).num.0).collect();
+    assert!(nums.iter().all(|&n| n != 0 && n < 1 << 24), "{nums:x?}");
+    dev.close_channel(e.id);
+}
+
 /// Every handle a good pair holds.
 fn handles(g: &Good) -> Vec<u32> {
     vec![

@@ -11,6 +11,7 @@ use crate::channel::{Channel, ChannelConfig};
 use crate::cq::CompletionQueue;
 use crate::error::{Error, Result};
 use crate::pd::ProtectionDomain;
+use crate::signal::Signal;
 use crate::AsyncEvent;
 
 /// Environment variable choosing the data-path mode: `bypass` (default) or `mediated`.
@@ -242,6 +243,34 @@ impl Context {
     /// the events they wait for; the others stay here.
     pub fn async_events(&self) -> Result<Vec<AsyncEvent>> {
         self.inner.chan.take_events()
+    }
+
+    /// The platform the channel runs on (grants, for callers that bring their own pages:
+    /// [`ProtectionDomain::reg_grants`]).
+    pub fn platform(&self) -> &Platform {
+        &self.inner.chan.platform
+    }
+
+    /// The backend's XenStore `address` as 16 bytes (IPv4 as `::ffff:a.b.c.d`), all zero when
+    /// it publishes none (the form [`QpEndpoint::addr`](crate::QpEndpoint) uses).
+    pub fn backend_addr_raw(&self) -> [u8; 16] {
+        self.inner.chan.backend_addr
+    }
+
+    /// Waits up to `timeout` for an event-channel notification from the backend (a completion
+    /// on an armed CQ, an asynchronous event, a control answer); true if one came. Pending
+    /// asynchronous events are then collected for [`Context::async_events`]. For callers
+    /// that watch several CQs with [`CompletionQueue::arm`] and [`CompletionQueue::ready`].
+    pub fn wait_notification(&self, timeout: Duration) -> Result<bool> {
+        let chan = &self.inner.chan;
+        let epoch = chan.hub.epoch();
+        let got = chan
+            .hub
+            .wait_after(epoch, Some(std::time::Instant::now() + timeout))?;
+        chan.notice_backend();
+        chan.pump_events()?;
+        chan.check_lost()?;
+        Ok(got)
     }
 
     /// Whether the channel is known to be dead (checks XenStore: a system call).

@@ -204,6 +204,15 @@ impl CompletionQueue {
         Ok(n)
     }
 
+    /// Whether a completion is waiting (bypass: a phase-bit read, no system call; mediated:
+    /// unknown without a request, so `false` — poll instead).
+    pub fn ready(&self) -> bool {
+        match self.shared.ctx.mode {
+            Mode::Bypass => self.poller.ready(),
+            Mode::Mediated => false,
+        }
+    }
+
     /// Asks for one event-channel notification on the next completion (or the next solicited
     /// or error completion). Returns `true` if a completion is already waiting: poll then.
     pub fn arm(&mut self, solicited_only: bool) -> Result<bool> {

@@ -52,13 +52,13 @@ pub use context::{Context, ContextBuilder, Mode, MODE_ENV};
 pub use cq::{CompletionQueue, WorkCompletion};
 pub use error::{Error, Result};
 pub use mr::{AccessFlags, MemoryRegion, MrSlice, RemoteMr};
-pub use pd::{MrCacheStats, ProtectionDomain};
-pub use qp::{QpEndpoint, QueuePair, QueuePairBuilder, SendOp, SendWr, WrData};
+pub use pd::{MrCacheStats, ProtectionDomain, RawMr};
+pub use qp::{QpConnector, QpEndpoint, QueuePair, QueuePairBuilder, SendOp, SendWr, WrData};
 
 pub use shared_ring::abi::control::{ChannelStats, DeviceAttrs, Op, Status};
 pub use shared_ring::abi::cqe::{CqeOpcode as WcOpcode, CqeStatus as WcStatus};
 pub use shared_ring::abi::event::EventKind;
-pub use shared_ring::abi::wqe::{MAX_INLINE, MAX_SGE};
+pub use shared_ring::abi::wqe::{Sge, MAX_INLINE, MAX_SGE};
 
 /// An asynchronous event from the backend (QP fatal, CQ overrun, device lost, ...).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -88,6 +88,14 @@ impl Drop for PdInner {
     }
 }
 
+/// A region registered with [`ProtectionDomain::reg_grants`]: the backend's handle and keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawMr {
+    pub handle: u32,
+    pub lkey: u32,
+    pub rkey: u32,
+}
+
 /// A protection domain: the scope of memory regions and queue pairs.
 pub struct ProtectionDomain {
     pub(crate) inner: Arc<PdInner>,
@@ -208,6 +216,85 @@ impl ProtectionDomain {
                 access,
             }),
             r => Err(Error::protocol(format!("RegMr answered with {r:?}"))),
+        }
+    }
+
+    /// Registers pages the caller granted itself (`grefs`, one per page, in order, granted
+    /// read-write to the backend — [`Context::platform`](crate::Context::platform)): a region
+    /// of `length` bytes starting `first_page_offset` bytes into the first page, addressed by
+    /// peers as `iova`. No cache is involved: [`ProtectionDomain::dereg_raw`] ends the keys at
+    /// once. The caller keeps the pages granted until then. Work requests name such a region
+    /// with [`QueuePair::post_send_sges`](crate::QueuePair::post_send_sges) (SGE offsets count
+    /// from the region's first byte).
+    pub fn reg_grants(
+        &self,
+        grefs: &[u32],
+        first_page_offset: u32,
+        length: u64,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<RawMr> {
+        let chan = &self.inner.ctx.chan;
+        chan.check_lost()?;
+        if grefs.is_empty() || first_page_offset as usize >= PAGE_SIZE || length == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "a region of {length} bytes at page offset {first_page_offset} over {} pages",
+                grefs.len()
+            )));
+        }
+        let ndir = dir_pages_needed(grefs.len());
+        let dir = if ndir > 0 {
+            Some(crate::shm::share(
+                &chan.platform,
+                chan.backend,
+                ndir,
+                Access::ReadOnly,
+                |_| Ok(()),
+            )?)
+        } else {
+            None
+        };
+        let list: PageList = match &dir {
+            None => PageList::inline(grefs)?,
+            Some(d) => {
+                let pages: Vec<SharedRegion> = (0..ndir)
+                    .map(|i| d.region.subregion(i * PAGE_SIZE, PAGE_SIZE))
+                    .collect::<std::result::Result<_, _>>()?;
+                write_page_list(grefs, &pages, &d.grefs)
+                    .map_err(|e| Error::protocol(format!("page directory: {e}")))?
+            }
+        };
+        let reply = chan.call(Request::RegMr {
+            pd: self.inner.handle,
+            access: access.bits(),
+            length,
+            iova,
+            first_page_offset,
+            pages: list,
+        })?;
+        drop(dir);
+        match reply {
+            Reply::Mr { mr, lkey, rkey } => Ok(RawMr {
+                handle: mr,
+                lkey,
+                rkey,
+            }),
+            r => Err(Error::protocol(format!("RegMr answered with {r:?}"))),
+        }
+    }
+
+    /// Deregisters a region of [`ProtectionDomain::reg_grants`]: its keys are invalid when
+    /// this returns (a peer's RDMA with the old rkey fails with a remote access error).
+    pub fn dereg_raw(&self, mr: RawMr) -> Result<()> {
+        self.inner.ctx.chan.check_lost()?;
+        match self
+            .inner
+            .ctx
+            .chan
+            .call(Request::DeregMr { mr: mr.handle })?
+        {
+            Reply::Empty => Ok(()),
+            r => Err(Error::protocol(format!("DeregMr answered with {r:?}"))),
         }
     }
 

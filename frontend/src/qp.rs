@@ -236,6 +236,31 @@ impl<'a> QueuePairBuilder<'a> {
     }
 }
 
+/// Connects a [`QueuePair`] from any thread ([`QueuePair::connector`]).
+pub struct QpConnector {
+    shared: Arc<QpShared>,
+}
+
+impl QpConnector {
+    /// Same as [`QueuePair::connect`].
+    pub fn connect(&self, remote: &QpEndpoint) -> Result<()> {
+        let chan = &self.shared.ctx().chan;
+        let addr = if remote.addr == chan.backend_addr {
+            [0; 16]
+        } else {
+            remote.addr
+        };
+        chan.call(Request::Connect {
+            qp: self.shared.handle,
+            port: 0,
+            addr,
+            remote_qpn: remote.qp_num,
+            private: shared_ring::abi::control::PrivData::NONE,
+        })?;
+        Ok(())
+    }
+}
+
 struct QpShared {
     pd: Arc<PdInner>,
     handle: u32,
@@ -314,20 +339,17 @@ impl QueuePair {
     /// RC QPs do). Ready to send when it returns. A peer on the same backend is paired by QP
     /// number (`Connect` with address `::` and `remote_qpn`).
     pub fn connect(&mut self, remote: &QpEndpoint) -> Result<()> {
-        let chan = &self.shared.ctx().chan;
-        let addr = if remote.addr == chan.backend_addr {
-            [0; 16]
-        } else {
-            remote.addr
-        };
-        chan.call(Request::Connect {
-            qp: self.shared.handle,
-            port: 0,
-            addr,
-            remote_qpn: remote.qp_num,
-            private: shared_ring::abi::control::PrivData::NONE,
-        })?;
-        Ok(())
+        self.connector().connect(remote)
+    }
+
+    /// A handle that connects this QP from another thread. The backend answers a pairing
+    /// `Connect` only once both ends have named each other, so a program that connects one end
+    /// before telling the peer its QP number (as `ibv_rc_pingpong`'s server does) must not
+    /// wait for the answer on its own thread.
+    pub fn connector(&self) -> QpConnector {
+        QpConnector {
+            shared: self.shared.clone(),
+        }
     }
 
     /// Posts a receive buffer.
@@ -462,6 +484,96 @@ impl QueuePair {
             data,
         };
         self.post(Queue::Send, &wqe)
+    }
+
+    /// Posts a send-queue work request whose local data are raw SGEs (`lkey` of a region of
+    /// [`ProtectionDomain::reg_grants`](crate::ProtectionDomain::reg_grants), `offset` from
+    /// its first byte); the backend checks them. `inline` data, if given, replaces the SGEs.
+    #[allow(clippy::too_many_arguments)]
+    pub fn post_send_sges(
+        &mut self,
+        wr_id: u64,
+        op: SendOp,
+        sges: &[shared_ring::abi::wqe::Sge],
+        inline: Option<&[u8]>,
+        signaled: bool,
+        solicited: bool,
+        fence: bool,
+    ) -> Result<()> {
+        let (opcode, imm, remote) = match op {
+            SendOp::Send => (WqeOpcode::Send, 0, None),
+            SendOp::SendWithImm(i) => (WqeOpcode::SendWithImm, i, None),
+            SendOp::Write(r) => (WqeOpcode::RdmaWrite, 0, Some(r)),
+            SendOp::WriteWithImm(r, i) => (WqeOpcode::RdmaWriteWithImm, i, Some(r)),
+            SendOp::Read(r) => (WqeOpcode::RdmaRead, 0, Some(r)),
+        };
+        let data = match inline {
+            Some(b) => {
+                if b.len() > self.max_inline as usize || opcode == WqeOpcode::RdmaRead {
+                    return Err(Error::InvalidArgument(format!(
+                        "{} inline bytes: over the QP's max inline {} or on an RDMA READ",
+                        b.len(),
+                        self.max_inline
+                    )));
+                }
+                WqeData::inline(b)?
+            }
+            None => self.raw_sges(sges)?,
+        };
+        let mut fl = 0;
+        if signaled {
+            fl |= flags::SIGNALED;
+        }
+        if solicited {
+            fl |= flags::SOLICITED;
+        }
+        if fence {
+            fl |= flags::FENCE;
+        }
+        let wqe = WqeRepr {
+            opcode,
+            flags: fl,
+            wr_id,
+            imm_data: imm,
+            remote_addr: remote.map_or(0, |r| r.addr),
+            rkey: remote.map_or(0, |r| r.rkey),
+            data,
+        };
+        self.post(Queue::Send, &wqe)
+    }
+
+    /// Posts a receive buffer given as raw SGEs (see [`QueuePair::post_send_sges`]).
+    pub fn post_recv_sges(
+        &mut self,
+        sges: &[shared_ring::abi::wqe::Sge],
+        wr_id: u64,
+    ) -> Result<()> {
+        let wqe = WqeRepr {
+            opcode: WqeOpcode::Recv,
+            flags: flags::SIGNALED,
+            wr_id,
+            imm_data: 0,
+            remote_addr: 0,
+            rkey: 0,
+            data: self.raw_sges(sges)?,
+        };
+        self.post(Queue::Recv, &wqe)
+    }
+
+    /// The QP's largest inline send.
+    pub fn max_inline(&self) -> u32 {
+        self.max_inline
+    }
+
+    fn raw_sges(&self, sges: &[shared_ring::abi::wqe::Sge]) -> Result<WqeData> {
+        if sges.len() > self.max_sge {
+            return Err(Error::InvalidArgument(format!(
+                "{} SGEs exceed the maximum of {}",
+                sges.len(),
+                self.max_sge
+            )));
+        }
+        Ok(WqeData::sges(sges)?)
     }
 
     fn sges(&self, local: &[MrSlice<'_>]) -> Result<WqeData> {

@@ -40,6 +40,16 @@ pub fn layout_table() -> Vec<(&'static str, i64)> {
         size_of::<pthread_mutex_t>() as i64,
     ));
     t.push(("sizeof pthread_cond_t", size_of::<pthread_cond_t>() as i64));
+    layout!(
+        t,
+        ibv_gid_entry {
+            gid,
+            gid_index,
+            port_num,
+            gid_type,
+            ndev_ifindex
+        }
+    );
     layout!(t, _ibv_device_ops { _dummy1, _dummy2 });
     layout!(
         t,
@@ -102,6 +112,55 @@ pub fn layout_table() -> Vec<(&'static str, i64)> {
             abi_compat
         }
     );
+    layout!(
+        t,
+        verbs_context {
+            query_port,
+            advise_mr,
+            alloc_null_mr,
+            read_counters,
+            attach_counters_point_flow,
+            create_counters,
+            destroy_counters,
+            reg_dm_mr,
+            alloc_dm,
+            free_dm,
+            modify_flow_action_esp,
+            destroy_flow_action,
+            create_flow_action_esp,
+            modify_qp_rate_limit,
+            alloc_parent_domain,
+            dealloc_td,
+            alloc_td,
+            modify_cq,
+            post_srq_ops,
+            destroy_rwq_ind_table,
+            create_rwq_ind_table,
+            destroy_wq,
+            modify_wq,
+            create_wq,
+            query_rt_values,
+            create_cq_ex,
+            query_device_ex,
+            ibv_destroy_flow,
+            ABI_placeholder2,
+            ibv_create_flow,
+            ABI_placeholder1,
+            open_qp,
+            create_qp_ex,
+            get_srq_num,
+            create_srq_ex,
+            open_xrcd,
+            close_xrcd,
+            _ABI_placeholder3,
+            sz,
+            context
+        }
+    );
+    t.push((
+        "offsetof verbs_context.priv",
+        offset_of!(verbs_context, priv_) as i64,
+    ));
     layout!(
         t,
         ibv_device_attr {

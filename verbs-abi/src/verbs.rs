@@ -269,6 +269,18 @@ impl std::fmt::Debug for ibv_gid {
     }
 }
 
+/// `struct ibv_gid_entry` (`ibv_query_gid_ex`, `ibv_query_gid_table`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ibv_gid_entry {
+    pub gid: ibv_gid,
+    pub gid_index: u32,
+    pub port_num: u32,
+    /// `enum ibv_gid_type`.
+    pub gid_type: u32,
+    pub ndev_ifindex: u32,
+}
+
 /// `struct _ibv_device_ops`: two legacy function pointers libibverbs keeps for the ABI.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -352,6 +364,71 @@ pub struct ibv_context {
     pub num_comp_vectors: c_int,
     pub mutex: pthread_mutex_t,
     pub abi_compat: *mut c_void,
+}
+
+pub type QueryPortFn =
+    unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int;
+
+/// `abi_compat` of an extended context: `verbs_get_ctx()` only looks before `ibv_context`
+/// (at `struct verbs_context`) when it holds this value.
+pub const VERBS_ABI_IS_EXTENDED: usize = usize::MAX;
+
+/// `struct verbs_context`: the extended context that precedes `struct ibv_context` in memory.
+/// The static inlines of verbs.h (`ibv_query_port`, `ibv_query_device_ex`, `ibv_create_cq_ex`,
+/// …) read an op here when `context.abi_compat == VERBS_ABI_IS_EXTENDED`, `sz` covers it and
+/// it is not NULL; otherwise they fall back to the exported function or fail with
+/// EOPNOTSUPP. Ops this crate does not model are untyped pointers (keep them NULL).
+#[repr(C)]
+#[allow(non_snake_case)]
+pub struct verbs_context {
+    pub query_port: Option<QueryPortFn>,
+    pub advise_mr: *mut c_void,
+    pub alloc_null_mr: *mut c_void,
+    pub read_counters: *mut c_void,
+    pub attach_counters_point_flow: *mut c_void,
+    pub create_counters: *mut c_void,
+    pub destroy_counters: *mut c_void,
+    pub reg_dm_mr: *mut c_void,
+    pub alloc_dm: *mut c_void,
+    pub free_dm: *mut c_void,
+    pub modify_flow_action_esp: *mut c_void,
+    pub destroy_flow_action: *mut c_void,
+    pub create_flow_action_esp: *mut c_void,
+    pub modify_qp_rate_limit: *mut c_void,
+    pub alloc_parent_domain: *mut c_void,
+    pub dealloc_td: *mut c_void,
+    pub alloc_td: *mut c_void,
+    pub modify_cq: *mut c_void,
+    pub post_srq_ops: *mut c_void,
+    pub destroy_rwq_ind_table: *mut c_void,
+    pub create_rwq_ind_table: *mut c_void,
+    pub destroy_wq: *mut c_void,
+    pub modify_wq: *mut c_void,
+    pub create_wq: *mut c_void,
+    pub query_rt_values: *mut c_void,
+    pub create_cq_ex: *mut c_void,
+    /// `priv` in C (a Rust keyword).
+    pub priv_: *mut c_void,
+    /// `int (*)(struct ibv_context *, const struct ibv_query_device_ex_input *,
+    /// struct ibv_device_attr_ex *, size_t)`; NULL makes `ibv_query_device_ex` fall back to
+    /// `ibv_query_device`.
+    pub query_device_ex: *mut c_void,
+    pub ibv_destroy_flow: *mut c_void,
+    pub ABI_placeholder2: *mut c_void,
+    pub ibv_create_flow: *mut c_void,
+    pub ABI_placeholder1: *mut c_void,
+    pub open_qp: *mut c_void,
+    pub create_qp_ex: *mut c_void,
+    pub get_srq_num: *mut c_void,
+    pub create_srq_ex: *mut c_void,
+    pub open_xrcd: *mut c_void,
+    pub close_xrcd: *mut c_void,
+    pub _ABI_placeholder3: u64,
+    /// `sizeof(struct verbs_context)` when every op field exists: `verbs_get_ctx_op` treats
+    /// an op as absent when `sz < sizeof(struct verbs_context) - offsetof(op)`.
+    pub sz: usize,
+    /// Must be last: applications get `&context`.
+    pub context: ibv_context,
 }
 
 #[repr(C)]

@@ -356,6 +356,38 @@ impl SharedPages {
         self.access
     }
 
+    /// Re-backs the caller's memory `[addr, addr+len())` with these pages, in place: copies its
+    /// bytes into the pages, then moves the pages' mapping over those addresses (one
+    /// `mremap`). Afterwards the process sees the same bytes at the same addresses, and the
+    /// grantee sees them too. Undo with [`SharedPages::release_as_private_copy`].
+    ///
+    /// # Safety
+    /// `addr` must be page-aligned and `[addr, addr+len())` mapped readable and writable,
+    /// owned by the caller and not written during the call; the caller must not unmap or
+    /// remap that range while these pages are there.
+    pub unsafe fn adopt_range(&mut self, addr: *mut u8) -> Result<()> {
+        // SAFETY: the caller's obligations are the mapping's.
+        unsafe { self.mapping_mut().adopt_range(addr) }
+    }
+
+    /// Gives the addresses back as private memory holding the pages' current bytes (after
+    /// [`SharedPages::adopt_range`]); dropping the handle then ends the grant without
+    /// unmapping anything.
+    ///
+    /// # Safety
+    /// The grantee must no longer write the pages.
+    pub unsafe fn release_as_private_copy(&mut self) -> Result<()> {
+        // SAFETY: the caller's obligation.
+        unsafe { self.mapping_mut().release_as_private_copy() }
+    }
+
+    fn mapping_mut(&mut self) -> &mut Mapping {
+        match &mut self.inner {
+            SharedInner::Xen(s) => s.mapping_mut(),
+            SharedInner::Sim(s) => s.mapping_mut(),
+        }
+    }
+
     /// When these pages are released (dropped, or the process dies), clear a byte of them and/or
     /// notify a local event channel, so the peer learns the sharer went away.
     pub fn set_unmap_notify(&self, n: UnmapNotify) -> Result<()> {

@@ -90,6 +90,9 @@ pub(crate) struct Mapping {
     ptr: NonNull<u8>,
     len: usize,
     writable: bool,
+    /// The pages were handed over as private memory ([`Mapping::release_as_private_copy`]):
+    /// not unmapped on drop.
+    released: bool,
 }
 
 // SAFETY: a Mapping is an address range; it has no thread affinity, and the bytes behind it are
@@ -129,6 +132,7 @@ impl Mapping {
             ptr: NonNull::new(p.cast()).expect("mmap returned NULL"),
             len,
             writable,
+            released: false,
         })
     }
 
@@ -151,6 +155,7 @@ impl Mapping {
             ptr: NonNull::new(p.cast()).expect("mmap returned NULL"),
             len,
             writable,
+            released: false,
         })
     }
 
@@ -189,6 +194,85 @@ impl Mapping {
         Ok(())
     }
 
+    /// Copies the `len` bytes at `to` into the pages, then moves the pages' mapping over
+    /// `[to, to+len)` (`mremap(MREMAP_FIXED)`: the pages that were there are replaced in one
+    /// step), so the same addresses now show the same bytes, backed by these pages.
+    ///
+    /// # Safety
+    /// `[to, to+len)` must be page-aligned, mapped readable and writable, and owned by the
+    /// caller for as long as this mapping lives there (memory nothing else will unmap or
+    /// remap). Nothing may write it during the call.
+    pub(crate) unsafe fn adopt_range(&mut self, to: *mut u8) -> Result<()> {
+        if !self.writable || (to as usize) % crate::PAGE_SIZE != 0 {
+            return Err(Error::InvalidArgument(
+                "adopting a range needs writable pages and a page-aligned address".into(),
+            ));
+        }
+        // SAFETY: the caller guarantees [to, to+len) is readable and quiescent; our pages
+        // [ptr, ptr+len) are a distinct, writable mapping we own; the ranges do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(to, self.ptr.as_ptr(), self.len) };
+        // SAFETY: we own the old range; the caller owns the target range and gives it up to
+        // this mapping (MREMAP_FIXED replaces whatever was mapped there).
+        let p = unsafe {
+            rustix::mm::mremap_fixed(
+                self.ptr.as_ptr().cast(),
+                self.len,
+                self.len,
+                rustix::mm::MremapFlags::MAYMOVE,
+                to.cast(),
+            )
+        }
+        .map_err(|e| Error::os(format!("mremap {} bytes to {to:p}", self.len), e.into()))?;
+        self.ptr = NonNull::new(p.cast()).expect("mremap returned NULL");
+        Ok(())
+    }
+
+    /// Replaces the pages, at the same addresses, by private anonymous memory holding the
+    /// same bytes, and gives that memory up (it is not unmapped on drop: it belongs to
+    /// whoever owned the range before [`Mapping::adopt_range`]). The pages themselves are
+    /// then unmapped (the grant ends when the handle is dropped).
+    ///
+    /// # Safety
+    /// Nothing may write the pages during the call (the peer no longer uses them).
+    pub(crate) unsafe fn release_as_private_copy(&mut self) -> Result<()> {
+        if self.released {
+            return Ok(());
+        }
+        // SAFETY: a fresh anonymous range, ours until moved below.
+        let tmp = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                self.len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::PRIVATE,
+            )
+        }
+        .map_err(|e| Error::os(format!("mmap {} private bytes", self.len), e.into()))?;
+        // SAFETY: both ranges are mapped (ours and the fresh one), distinct, `len` bytes; the
+        // caller guarantees nobody writes the pages meanwhile.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr(), tmp.cast::<u8>(), self.len) };
+        // SAFETY: moves our fresh private range over our own pages (replacing them).
+        let r = unsafe {
+            rustix::mm::mremap_fixed(
+                tmp,
+                self.len,
+                self.len,
+                rustix::mm::MremapFlags::MAYMOVE,
+                self.ptr.as_ptr().cast(),
+            )
+        };
+        if let Err(e) = r {
+            // SAFETY: `tmp` is still our fresh range.
+            let _ = unsafe { rustix::mm::munmap(tmp, self.len) };
+            return Err(Error::os(
+                format!("mremap {} bytes back", self.len),
+                e.into(),
+            ));
+        }
+        self.released = true;
+        Ok(())
+    }
+
     pub(crate) fn span(&self) -> PageSpan<'_> {
         PageSpan {
             ptr: self.ptr,
@@ -209,6 +293,9 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        if self.released {
+            return;
+        }
         // SAFETY: we own [ptr, ptr+len) since mmap gave it to us; nothing references it after
         // the owning handle is dropped (regions borrow the handle).
         if let Err(e) = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) } {

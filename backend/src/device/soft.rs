@@ -115,6 +115,19 @@ impl Handles {
         }
     }
 
+    /// A fresh handle that fits a 24-bit InfiniBand QP number (verbs programs print and
+    /// exchange QPNs as 24-bit values, as `ibv_rc_pingpong` does): about 1 in 256 handles
+    /// does; the others are given back at once.
+    fn take_qpn(&mut self) -> u32 {
+        loop {
+            let h = self.take();
+            if h < 1 << 24 {
+                return h;
+            }
+            self.release(h);
+        }
+    }
+
     /// The object named `h` is gone: the handle may be reused once the counter comes round.
     fn release(&mut self, h: u32) {
         self.live.remove(&h);
@@ -713,7 +726,7 @@ impl Device for SoftDevice {
                 return Err(err);
             }
         };
-        let num = QpNum(t.id());
+        let num = QpNum(t.handles.take_qpn());
         let e = entry(&mut t, ch)?;
         let qp = Arc::new(Qp::new(
             num,

@@ -294,6 +294,9 @@ impl SimShare {
     pub(crate) fn mapping(&self) -> &Mapping {
         self.map.as_ref().expect("mapped until drop")
     }
+    pub(crate) fn mapping_mut(&mut self) -> &mut Mapping {
+        self.map.as_mut().expect("mapped until drop")
+    }
     pub(crate) fn set_unmap_notify(&self, n: &UnmapNotify) -> Result<()> {
         self.conn
             .call(

@@ -105,6 +105,9 @@ impl XenShare {
     pub(crate) fn mapping(&self) -> &Mapping {
         self.map.as_ref().expect("mapped until drop")
     }
+    pub(crate) fn mapping_mut(&mut self) -> &mut Mapping {
+        self.map.as_mut().expect("mapped until drop")
+    }
 
     pub(crate) fn set_unmap_notify(&self, n: &UnmapNotify) -> Result<()> {
         let mut arg = abi::GntallocUnmapNotify {

@@ -1,0 +1,370 @@
+//! Unmodified verbs programs in simulated guests, through `vrdma-exec` (LD_PRELOAD of
+//! libvrdma_verbs.so) against the real backend (`vrdma_demo::lab`):
+//!
+//! - Debian's `ibv_devinfo -v` lists the vrdma device with its port active;
+//! - Debian's `ibv_rc_pingpong -g 0` runs between two guests (server and client), buffer
+//!   validation on (`-c`), polling and with completion events (`-e`);
+//! - Debian's perftest `ib_{send,write,read}_{lat,bw}` (address vectors, no `-R`), 50
+//!   iterations each, between two guests;
+//! - `tests/c/verbs_check.c`, compiled against rdma-core's verbs.h, checks what the tools do
+//!   not: data RDMA-written into malloc'd memory, `ibv_dereg_mr` revoking the rkey at once
+//!   (the next write with it fails with a remote access error), the bytes staying in place
+//!   after deregistration, bad work requests refused with EINVAL, and the unsupported verbs
+//!   failing with EOPNOTSUPP.
+//!
+//! Needs `ibverbs-utils` and `perftest` (the tools), `libibverbs-dev` and `gcc` (scripts/host-packages.txt).
+//! Without them the tests FAIL and say why, unless `VRDMA_SKIP_VERBS_TOOLS=1` is set, in which
+//! case they print loudly that they did not run.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use vrdma_demo::lab::{Guest, Lab};
+
+const SKIP_VAR: &str = "VRDMA_SKIP_VERBS_TOOLS";
+
+/// Whether `tool` is on PATH; if not, fails the test (or, with `SKIP_VAR=1`, says loudly that
+/// it did not run and returns false).
+fn have(tool: &str, package: &str) -> bool {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()));
+    if found {
+        return true;
+    }
+    if std::env::var_os(SKIP_VAR).is_some_and(|v| v == "1") {
+        eprintln!(
+            "\n*** VERBS TOOLS TEST DID NOT RUN: `{tool}` is not installed (Debian package \
+             {package}) and {SKIP_VAR}=1 is set ***\n"
+        );
+        return false;
+    }
+    panic!(
+        "VERBS TOOLS TEST CANNOT RUN: `{tool}` is not installed: apt-get install {package} \
+         (or set {SKIP_VAR}=1 to skip it knowingly)"
+    );
+}
+
+/// Where cargo put this build's binaries and libraries (`target/<profile>`).
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().expect("exe dir");
+    if dir.ends_with("deps") {
+        dir.parent().expect("profile dir").to_path_buf()
+    } else {
+        dir.to_path_buf()
+    }
+}
+
+/// vrdma-exec, with libvrdma_verbs.so built next to it (cargo builds no cdylib for
+/// integration tests: build it once per test process, same profile and target dir).
+fn vrdma_exec() -> PathBuf {
+    static BUILT: std::sync::Once = std::sync::Once::new();
+    let dir = profile_dir();
+    BUILT.call_once(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-p", "vrdma-verbs", "--lib"]);
+        if dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        if let Some(target) = dir.parent() {
+            cmd.env("CARGO_TARGET_DIR", target);
+        }
+        let st = cmd.status().expect("run cargo build -p vrdma-verbs");
+        assert!(st.success(), "cargo build -p vrdma-verbs --lib failed");
+    });
+    let so = dir.join("libvrdma_verbs.so");
+    assert!(so.exists(), "{} missing after the build", so.display());
+    PathBuf::from(env!("CARGO_BIN_EXE_vrdma-exec"))
+}
+
+/// `vrdma-exec --sim DIR --domain D -- args…` in guest `d` of `lab`.
+fn exec_in(lab: &Lab, d: xen_platform::DomId, args: &[&str]) -> Guest {
+    let mut cmd = Command::new(vrdma_exec());
+    cmd.arg("--sim")
+        .arg(&lab.dir)
+        .args(["--domain", &d.0.to_string(), "--"])
+        .args(args);
+    lab.spawn(d, cmd).expect("start a program in the guest")
+}
+
+/// A TCP port free on 127.0.0.1 right now (the tool's out-of-band exchange uses it).
+fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+    l.local_addr().unwrap().port()
+}
+
+#[test]
+fn ibv_devinfo_lists_the_vrdma_device_with_an_active_port() {
+    if !have("ibv_devinfo", "ibverbs-utils") {
+        return;
+    }
+    let mut lab = Lab::start(None).expect("start the simulated host and the backend");
+    let d = lab.create_guest("devinfo").expect("guest");
+    let (ok, out, err) = exec_in(&lab, d, &["ibv_devinfo", "-v"]).finish(Duration::from_secs(60));
+    assert!(ok, "ibv_devinfo -v failed:\n{out}\n{err}");
+    for want in [
+        "hca_id:\tvrdma0",
+        "transport:\t\t\tInfiniBand (0)",
+        "phys_port_cnt:\t\t\t1",
+        "port:\t1",
+        "state:\t\t\tPORT_ACTIVE (4)",
+        "link_layer:\t\tEthernet",
+        "active_mtu:\t\t4096 (5)",
+        "GID[  0]:",
+        "RoCE v2",
+        "num_comp_vectors:\t\t1",
+    ] {
+        assert!(
+            out.contains(want),
+            "ibv_devinfo -v lacks {want:?}:\n{out}\n{err}"
+        );
+    }
+    // The node GUID carries the guest's domain id (0276:7264:DDDD:0000).
+    let guid = format!("node_guid:\t\t\t0276:7264:{:04x}:0000", d.0);
+    assert!(out.contains(&guid), "no {guid:?} in:\n{out}");
+}
+
+/// Whether a TCP socket listens on `port` (any address), from /proc/net/tcp{,6}.
+fn listening(port: &str) -> bool {
+    let hex = format!(":{:04X}", port.parse::<u16>().expect("a port"));
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f).is_ok_and(|t| {
+            t.lines().skip(1).any(|l| {
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                cols.len() > 3 && cols[1].ends_with(&hex) && cols[3] == "0A"
+            })
+        })
+    })
+}
+
+/// The `QPN 0x…` values of a pingpong's "local address" and "remote address" lines.
+fn qpns(out: &str) -> (Option<u32>, Option<u32>) {
+    let find = |tag: &str| {
+        out.lines()
+            .find(|l| l.trim_start().starts_with(tag))
+            .and_then(|l| l.split("QPN 0x").nth(1))
+            .and_then(|r| u32::from_str_radix(r.split(',').next()?.trim(), 16).ok())
+    };
+    (find("local address:"), find("remote address:"))
+}
+
+#[test]
+fn ibv_rc_pingpong_runs_between_two_guests() {
+    pingpong(&[]);
+}
+
+/// `-e`: the tool sleeps on its completion channel (`ibv_get_cq_event`) instead of polling.
+#[test]
+fn ibv_rc_pingpong_with_completion_events_runs_between_two_guests() {
+    pingpong(&["-e"]);
+}
+
+fn pingpong(extra: &[&str]) {
+    if !have("ibv_rc_pingpong", "ibverbs-utils") {
+        return;
+    }
+    let mut lab = Lab::start(None).expect("start the simulated host and the backend");
+    let a = lab.create_guest("pp-server").expect("guest a");
+    let b = lab.create_guest("pp-client").expect("guest b");
+    let port = free_port().to_string();
+    let iters = "200";
+    let mut common = vec!["-g", "0", "-p", &port, "-n", iters, "-s", "4096", "-c"];
+    common.extend_from_slice(extra);
+    let mut server_args = vec!["ibv_rc_pingpong"];
+    server_args.extend(&common);
+    let mut server = exec_in(&lab, a, &server_args);
+    // The server listens once its QP exists (its stdout is a pipe, so fully buffered: watch
+    // the socket table, not its output; a probing connection would be taken for the client).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !listening(&port) {
+        if std::time::Instant::now() > deadline {
+            let (_, out, err) = server.finish(Duration::from_secs(5));
+            panic!("the server did not listen on port {port}:\n{out}\n{err}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut client_args = vec!["ibv_rc_pingpong"];
+    client_args.extend(&common);
+    client_args.push("127.0.0.1");
+    let mut client = exec_in(&lab, b, &client_args);
+    let (cok, cout, cerr) = client.finish(Duration::from_secs(240));
+    let (sok, sout, serr) = server.finish(Duration::from_secs(if cok { 60 } else { 5 }));
+    assert!(
+        cok && sok,
+        "ibv_rc_pingpong failed\n--- client:\n{cout}\n{cerr}\n--- server:\n{sout}\n{serr}"
+    );
+    for (who, out) in [("client", &cout), ("server", &sout)] {
+        assert!(
+            out.contains(&format!("{iters} iters in")),
+            "{who} did not finish its {iters} iterations:\n{out}"
+        );
+        assert!(
+            out.contains("GID ::ffff:127.0.0.1") || out.contains("GID fe80::276:72ff:fe00:"),
+            "{who} did not use a vrdma GID:\n{out}"
+        );
+    }
+    // Each side reached the other's QP number (24-bit, as InfiniBand's).
+    let (cl, cr) = qpns(&cout);
+    let (sl, sr) = qpns(&sout);
+    assert!(
+        cl.is_some() && sl.is_some(),
+        "QPNs missing:\n{cout}\n{sout}"
+    );
+    assert_eq!((cl, cr), (sr, sl), "QPNs do not match:\n{cout}\n{sout}");
+    assert!(cl.unwrap() < 1 << 24 && sl.unwrap() < 1 << 24);
+    for e in [&cerr, &serr] {
+        assert!(!e.contains("Failed status"), "a completion failed:\n{e}");
+    }
+}
+
+/// Debian's perftest tool `tool` (AV mode, no `-R`) between two guests: both ends finish, the
+/// client prints a result row, and so does the server unless it is passive (`ib_read_lat`).
+fn perftest(tool: &str, extra: &[&str]) {
+    if !have(tool, "perftest") {
+        return;
+    }
+    let mut lab = Lab::start(None).expect("start the simulated host and the backend");
+    let a = lab.create_guest("pt-server").expect("guest a");
+    let b = lab.create_guest("pt-client").expect("guest b");
+    let port = free_port().to_string();
+    let iters = if extra.contains(&"-a") { "5" } else { "50" };
+    let mut common = vec![tool, "-p", &port, "-n", iters];
+    common.extend_from_slice(extra);
+    let mut server = exec_in(&lab, a, &common);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !listening(&port) {
+        if std::time::Instant::now() > deadline {
+            let (_, out, err) = server.finish(Duration::from_secs(5));
+            panic!("{tool} server did not listen on port {port}:\n{out}\n{err}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut client_args = common.clone();
+    client_args.push("127.0.0.1");
+    let mut client = exec_in(&lab, b, &client_args);
+    let (cok, cout, cerr) = client.finish(Duration::from_secs(240));
+    let (sok, sout, serr) = server.finish(Duration::from_secs(if cok { 60 } else { 5 }));
+    assert!(
+        cok && sok,
+        "{tool} failed\n--- client:\n{cout}\n{cerr}\n--- server:\n{sout}\n{serr}"
+    );
+    for (who, out) in [("client", &cout), ("server", &sout)] {
+        assert!(out.contains("Link type       : Ethernet"), "{who}:\n{out}");
+        if who == "server" && tool == "ib_read_lat" {
+            continue;
+        }
+        // The header, then a row per size: size, iterations, figures.
+        let rows: Vec<&str> = out
+            .lines()
+            .skip_while(|l| !l.trim_start().starts_with("#bytes"))
+            .skip(1)
+            .take_while(|l| !l.starts_with("---"))
+            .collect();
+        assert!(
+            !rows.is_empty()
+                && rows
+                    .iter()
+                    .all(|r| r.split_whitespace().nth(1) == Some(iters)),
+            "{who} printed no result rows for {iters} iterations:\n{out}"
+        );
+        if extra.contains(&"-a") {
+            assert!(
+                rows.last()
+                    .is_some_and(|r| r.trim_start().starts_with("8388608 ")),
+                "{who} did not reach 8 MiB:\n{out}"
+            );
+        }
+    }
+}
+
+#[test]
+fn perftest_send_lat() {
+    perftest("ib_send_lat", &[]);
+}
+
+#[test]
+fn perftest_write_lat() {
+    perftest("ib_write_lat", &[]);
+}
+
+#[test]
+fn perftest_read_lat() {
+    perftest("ib_read_lat", &[]);
+}
+
+#[test]
+fn perftest_send_bw() {
+    perftest("ib_send_bw", &[]);
+}
+
+#[test]
+fn perftest_write_bw() {
+    perftest("ib_write_bw", &[]);
+}
+
+#[test]
+fn perftest_read_bw() {
+    perftest("ib_read_bw", &[]);
+}
+
+/// `-a`: every size from 2 B to 8 MiB (buffers of 2 × 8 MiB registered: page directories).
+#[test]
+fn perftest_write_bw_all_sizes() {
+    perftest("ib_write_bw", &["-a"]);
+}
+
+fn build_c(dir: &Path, name: &str) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let exe = dir.join(name);
+    let out = Command::new("gcc")
+        .args(["-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg("-libverbs")
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("VERBS C TEST CANNOT RUN: gcc: {e} (apt-get install gcc libibverbs-dev)")
+        });
+    assert!(
+        out.status.success(),
+        "VERBS C TEST CANNOT RUN: compiling {} failed (libibverbs-dev installed?):\n{}",
+        src.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
+#[test]
+fn dereg_mr_revokes_the_rkey_at_once_and_app_memory_works() {
+    if !have("gcc", "gcc") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = build_c(tmp.path(), "verbs_check");
+    let mut lab = Lab::start(None).expect("start the simulated host and the backend");
+    let d = lab.create_guest("verbs-check").expect("guest");
+    let exe = exe.display().to_string();
+    let (ok, out, err) = exec_in(&lab, d, &[&exe]).finish(Duration::from_secs(120));
+    assert!(ok, "verbs_check failed:\n{out}\n{err}");
+    for want in [
+        "write into malloc'd memory: ok",
+        "write into stack memory: ok",
+        "two regions on one page: ok",
+        "async event on CQ overrun: ",
+        "bad work requests: EINVAL",
+        "move to ERR flushes receives: ok",
+        "write after dereg: remote access error",
+        "bytes kept after dereg: ok",
+        "UD QP: EOPNOTSUPP",
+        "atomic access: EOPNOTSUPP",
+        "all checks passed",
+    ] {
+        assert!(
+            out.contains(want),
+            "verbs_check lacks {want:?}:\n{out}\n{err}"
+        );
+    }
+}
