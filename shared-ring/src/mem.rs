@@ -9,6 +9,8 @@
 //! `write_bytes`, `fill_bytes`): plain bytes copied at `memcpy` speed, at any alignment, which a
 //! racing writer can only garble. These are the only two copy rules: structured slots go word by
 //! word, payload goes by bytes; no other crate copies to or from shared memory by other means.
+//! Payload is also checksummed in place ([`SharedRegion::crc32c_append`]: each byte read once
+//! by volatile loads, never copied or referenced), so a CRC over guest memory needs no bounce.
 //!
 //! Platform pages enter through `from_raw_parts` in one place only (tests aside): xen-platform's
 //! `into_region()` on its page handles (`SharedPages`, `ForeignMapping`).
