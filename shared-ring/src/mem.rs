@@ -748,17 +748,14 @@ mod crc32c_hw {
 
     impl Shift {
         fn new(len: usize) -> Shift {
-            // The columns: what each single set bit becomes, LFSR step by step (8·len steps;
-            // once per length, at first use).
+            // The columns: what each single set bit becomes after `len` zero bytes, a byte
+            // at a time through the table (`len` is a multiple of 256; once per length).
+            let zeros = [0u8; 256];
             let mut col = [0u32; 32];
             for (i, c) in col.iter_mut().enumerate() {
                 let mut r = 1u32 << i;
-                for _ in 0..8 * len {
-                    r = if r & 1 != 0 {
-                        (r >> 1) ^ super::crc32c_sw::POLY
-                    } else {
-                        r >> 1
-                    };
+                for _ in 0..len / zeros.len() {
+                    r = super::crc32c_sw::update(r, &zeros);
                 }
                 *c = r;
             }
