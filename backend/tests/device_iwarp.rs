@@ -1081,3 +1081,82 @@ fn a_read_request_that_is_not_one_segment_is_refused() {
     assert_eq!(t[22..42], f[..20], "quoted MPA length and DDP header");
     hb.wait_state(&b, QpState::Error);
 }
+
+/// A raw peer's untagged last SEND segment (queue 0) with `payload`.
+fn raw_send(msn: u32, payload: &[u8]) -> Vec<u8> {
+    let mut u = vec![0x41, 0x43, 0, 0, 0, 0, 0, 0, 0, 0];
+    u.extend_from_slice(&msn.to_be_bytes());
+    u.extend_from_slice(&0u32.to_be_bytes());
+    u.extend_from_slice(payload);
+    u
+}
+
+#[test]
+fn a_small_send_read_whole_waits_for_its_recv() {
+    // A small message arrives whole in the read that fetches its header (the receiver reads
+    // ahead into its private buffer): with no RECV posted it waits there, and the RECV posted
+    // later (a kick, no new socket event) still gets it.
+    let mut ha = Host::new(1, ChannelMode::Bypass);
+    let mut hb = Host::new(2, ChannelMode::Bypass);
+    let (mut a, mut b) = (ha.qp(), hb.qp());
+    let src = ha.mr(4096);
+    let dst = hb.mr(4096);
+    attach(&mut ha, &a, &mut hb, &b, tcp_pair(), true, Rtr::Write);
+    let data = pattern(64, 3);
+    src.fill(0, &data);
+    a.post_send(
+        &ha.dev,
+        &wqe(WqeOpcode::Send, 1, &[src.sge(0, 64)], (0, 0), 0),
+    );
+    expect(&ha.wait(), 1, CqeOpcode::Send, CqeStatus::Success);
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(hb.cq.poll(&hb.dev).is_none(), "no RECV yet");
+    wait_asleep(&hb);
+    b.post_recv(&hb.dev, 2, &[dst.sge(0, 4096)]);
+    let r = hb.wait();
+    expect(&r, 2, CqeOpcode::Recv, CqeStatus::Success);
+    assert_eq!(r.byte_len, 64);
+    assert_eq!(dst.read(0, 64), data);
+}
+
+#[test]
+fn fpdus_that_arrive_in_one_read_are_each_placed_and_checked() {
+    // One write of a WRITE, a SEND and a Read Request, CRC on (the receiver reads them
+    // ahead together): each lands where it belongs and the Read Request is answered; then
+    // the same with a bad CRC on the SEND, whose payload was read ahead, is a Terminate.
+    for bad in [false, true] {
+        let mut hb = Host::new(2, ChannelMode::Bypass);
+        let mr = hb.mr(4096);
+        mr.fill(200, b"Q");
+        let (mut b, mut raw) = raw_peer(&mut hb, true);
+        b.post_recv(&hb.dev, 7, &[mr.sge(1000, 100)]);
+        let mut w = vec![0xc1, 0x40];
+        w.extend_from_slice(&mr.keys.rkey.to_be_bytes());
+        w.extend_from_slice(&(mr.iova + 8).to_be_bytes());
+        w.extend_from_slice(b"abcdefgh");
+        let mut all = raw_fpdu(&w, &[], true);
+        let mut send = raw_fpdu(&raw_send(1, b"hello, world"), &[], true);
+        if bad {
+            let n = send.len();
+            send[n - 1] ^= 1;
+        }
+        all.extend_from_slice(&send);
+        let rr = raw_read_request(1, mr.keys.rkey, mr.iova + 200, 1, true);
+        all.extend_from_slice(&raw_fpdu(&rr, &[], true));
+        raw.write_all(&all).expect("three FPDUs");
+        let t = read_fpdu(&mut raw);
+        assert_eq!(mr.read(8, 8), b"abcdefgh".to_vec());
+        if bad {
+            assert_eq!(t[1] & 0xf, 7, "a Terminate: {t:02x?}");
+            hb.wait_state(&b, QpState::Error);
+            continue;
+        }
+        assert_eq!(t[1] & 0xf, 2, "a Read Response: {t:02x?}");
+        assert_eq!(&t[14..], b"Q");
+        let r = hb.wait();
+        expect(&r, 7, CqeOpcode::Recv, CqeStatus::Success);
+        assert_eq!(r.byte_len, 12);
+        assert_eq!(mr.read(1000, 12), b"hello, world".to_vec());
+        assert_eq!(hb.state(&b), QpState::Rts);
+    }
+}

@@ -82,6 +82,14 @@ impl FpduCrc {
         FpduCrc { crc: 0 }
     }
 
+    /// Continues from `crc`, the CRC32c of the FPDU's bytes so far: the value of
+    /// [`FpduCrc::value`], or of another implementation of the same CRC (as
+    /// `crc32c::crc32c_append` defines it) that read bytes the codec never sees as a slice —
+    /// guest memory checksummed where it lies.
+    pub fn from_value(crc: u32) -> FpduCrc {
+        FpduCrc { crc }
+    }
+
     /// Adds the next bytes of the FPDU.
     pub fn update(&mut self, bytes: &[u8]) {
         self.crc = crc32c::crc32c_append(self.crc, bytes);

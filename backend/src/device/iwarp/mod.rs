@@ -69,6 +69,11 @@ pub(crate) struct Sockets {
     /// it sees the change): kept for the next map, since an edge-triggered event never
     /// comes back.
     orphans: Vec<(mio::Token, qp::Readiness)>,
+    /// The engine just dispatched the events of its blocking poll: the next
+    /// [`Sockets::poll_now`] has nothing new to find and skips its `epoll_wait` (one system
+    /// call less per wake-up; anything that arrives meanwhile is found by the pass after, or
+    /// by the next sleep's poll, which returns at once for it).
+    fresh: bool,
 }
 
 /// Most orphan events kept between two rebuilds.
@@ -92,8 +97,13 @@ impl Sockets {
         self.map.is_empty()
     }
 
-    /// Marks the QPs whose sockets `events` reported.
+    /// Marks the QPs whose sockets `events` (of the engine's blocking poll) reported.
     pub(crate) fn dispatch(&mut self, events: &mio::Events) {
+        self.fresh = true;
+        self.mark(events);
+    }
+
+    fn mark(&mut self, events: &mio::Events) {
         for ev in events.iter() {
             let what = qp::Readiness::of(ev);
             match self.map.get(&ev.token()) {
@@ -108,8 +118,11 @@ impl Sockets {
 
     /// Looks for readiness without blocking (an engine that is spinning).
     pub(crate) fn poll_now(&mut self, poll: &mut mio::Poll, events: &mut mio::Events) {
+        if std::mem::take(&mut self.fresh) {
+            return;
+        }
         if poll.poll(events, Some(std::time::Duration::ZERO)).is_ok() {
-            self.dispatch(events);
+            self.mark(events);
         }
     }
 }

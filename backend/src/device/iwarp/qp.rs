@@ -390,7 +390,7 @@ pub(crate) fn process(ctx: &Ctx<'_>, qp: &Arc<Qp>, r: &RemoteQp, budget: &mut us
         c.disconnected(qp, &"the peer closed the stream");
     }
     if qp.state() != QpState::Error && !c.dead {
-        if r.rx_ready.load(Ordering::Relaxed) {
+        if r.rx_ready.load(Ordering::Relaxed) || c.rx.buffered() {
             did |= super::rx::run(ctx, qp, r, &mut c, budget);
         }
         if qp.state() != QpState::Error && !c.dead {
@@ -529,7 +529,7 @@ pub(crate) fn has_work(qp: &Qp, r: &RemoteQp) -> bool {
     if c.dead {
         return false;
     }
-    if r.rx_ready.load(Ordering::Relaxed) {
+    if r.rx_ready.load(Ordering::Relaxed) || c.rx.buffered() {
         if !c.rx.blocked || r.hup.load(Ordering::Relaxed) {
             return true;
         }

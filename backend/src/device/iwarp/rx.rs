@@ -1,8 +1,12 @@
 //! The receive half: an FPDU's MPA length and DDP/RDMAP header are read into a small private
 //! buffer and checked (STag, bounds, access, MSN, a RECV to take) before a byte of payload
-//! is read; the payload is then read straight into the target range of guest memory, in the
-//! same `readv` as the FPDU's pad and CRC and the next FPDU's first header bytes. The CRC is
-//! checked over the placed bytes before anything is completed.
+//! is placed; the payload is then read straight into the target range of guest memory, in
+//! the same `readv` as the FPDU's pad and CRC and the next FPDU's first bytes. The private
+//! buffer is filled as far as it goes (128 bytes): what follows a header in it — a small
+//! message's payload and trailer, the next FPDU — is copied into place before the socket is
+//! read again, so a small message costs one read. The CRC is
+//! summed over the placed bytes as each `readv` places them (read where they lie, while they
+//! are in the cache) and checked before anything is completed.
 //!
 //! Framing, headers, Read Request and Terminate bodies and the CRC are read with the
 //! `iwarp-proto` codec (`frame_len`, `MessageRepr::parse`, `FpduRepr`, `FpduCrc`), and its
@@ -50,7 +54,7 @@ struct Placing {
     plen: usize,
     got: usize,
     pad: usize,
-    /// CRC of the length field and header so far (when CRCs are on).
+    /// CRC of the length field, header and the payload placed so far (when CRCs are on).
     crc: FpduCrc,
     /// Where the payload goes: segments and the message offset of the first byte.
     dst: Option<(SegList, usize)>,
@@ -82,9 +86,14 @@ enum MsgBody {
 
 /// The receive state of a connection.
 pub(crate) struct Rx {
-    /// Header bytes (the whole FPDU for a Read Request or Terminate).
+    /// Bytes of the stream read ahead of where it is processed: from the start of the next
+    /// FPDU (its header, the whole FPDU for a Read Request or Terminate, and whatever
+    /// followed it in the same read: a small message arrives whole in one read).
     buf: [u8; 128],
     have: usize,
+    /// While an FPDU is being placed: `buf[pos..have]` is what follows its header (payload,
+    /// pad and CRC, then the next FPDU), to place before reading the socket again.
+    pos: usize,
     cur: Option<Placing>,
     trailer: [u8; 8],
     tail: usize,
@@ -98,6 +107,7 @@ impl Default for Rx {
         Self {
             buf: [0; 128],
             have: 0,
+            pos: 0,
             cur: None,
             trailer: [0; 8],
             tail: 0,
@@ -107,6 +117,24 @@ impl Default for Rx {
 }
 
 impl Rx {
+    /// Whether what `buf` holds is enough for the next step without reading the socket:
+    /// bytes of the FPDU being placed, or a whole header (or a bad one) to look at.
+    pub(crate) fn buffered(&self) -> bool {
+        if self.cur.is_some() {
+            self.pos < self.have
+        } else {
+            self.have > 0 && self.need().map_or(true, |n| self.have >= n)
+        }
+    }
+
+    /// The first `n` bytes of `buf` are done with: what follows moves to the front.
+    fn consume(&mut self, n: usize) {
+        let n = n.min(self.have);
+        self.buf.copy_within(n..self.have, 0);
+        self.have -= n;
+        self.pos = 0;
+    }
+
     /// What the FPDU in `buf` announces (`buf` holds at least its first four bytes).
     fn head(&self) -> Head {
         let ulpdu = usize::from(u16::from_be_bytes([self.buf[0], self.buf[1]]));
@@ -183,6 +211,56 @@ fn would_block(e: &std::io::Error) -> bool {
     e.kind() == std::io::ErrorKind::WouldBlock
 }
 
+/// Whether to read the socket: no short read since its last event (or the peer hung up, and
+/// the stream is read to its end).
+fn readable(r: &RemoteQp) -> bool {
+    r.rx_ready.load(Ordering::Relaxed) || r.hup.load(Ordering::Relaxed)
+}
+
+/// Copies `bytes` into message bytes `[from, from + bytes.len())` over `segs`.
+fn place(segs: &SegList, from: usize, bytes: &[u8]) {
+    let mut at = 0;
+    for_ranges(segs, from, bytes.len(), |s, off, n| {
+        // In bounds: checked when the segment was resolved.
+        let _ = s.region().0.write_bytes(off, &bytes[at..at + n]);
+        at += n;
+    });
+}
+
+/// Places the bytes read ahead with the current FPDU's header (`buf[pos..have]`): its
+/// payload (copied into guest memory, the CRC summed over exactly those bytes), then its pad
+/// and CRC; a whole FPDU is finished and the next one's bytes move to the front. `false` if
+/// the connection failed.
+fn drain(qp: &Qp, c: &mut Conn) -> bool {
+    let Some(f) = c.rx.cur.as_mut() else {
+        return true;
+    };
+    let (pos, have) = (c.rx.pos, c.rx.have);
+    let p = (have - pos).min(f.plen - f.got);
+    if p > 0 {
+        let bytes = &c.rx.buf[pos..pos + p];
+        if let Some((segs, off)) = &f.dst {
+            place(segs, off + f.got, bytes);
+        }
+        if c.crc {
+            f.crc.update(bytes);
+        }
+        f.got += p;
+    }
+    let at = pos + p;
+    let t = (have - at).min(f.pad + CRC_LEN - c.rx.tail);
+    let tail = c.rx.tail;
+    c.rx.trailer[tail..tail + t].copy_from_slice(&c.rx.buf[at..at + t]);
+    c.rx.tail += t;
+    c.rx.pos = at + t;
+    if f.got == f.plen && c.rx.tail == f.pad + CRC_LEN {
+        let done = c.rx.pos;
+        c.rx.consume(done);
+        return finish(qp, c);
+    }
+    true
+}
+
 /// One pass of the receive half; `true` if it did work.
 pub(crate) fn run(
     ctx: &Ctx<'_>,
@@ -204,9 +282,15 @@ pub(crate) fn run(
                 }
             };
             if c.rx.have < need {
+                if !readable(r) {
+                    break;
+                }
+                // As much as the buffer takes: the header, and for a small message the
+                // rest of it (and of the next ones).
                 let mut l = RecvList::with_capacity(1);
                 let have = c.rx.have;
-                l.push_private_mut(&mut c.rx.buf[have..need]);
+                l.push_private_mut(&mut c.rx.buf[have..]);
+                let want = l.bytes();
                 match l.recv(c.sock.as_fd()) {
                     Ok(0) => {
                         c.disconnected(qp, &"end of stream");
@@ -215,9 +299,10 @@ pub(crate) fn run(
                     Ok(n) => {
                         did = true;
                         c.rx.have += n;
-                        if c.rx.have < need && !r.hup.load(Ordering::Relaxed) {
+                        // A short read: the socket is empty for now (what was read is
+                        // processed first; the next read waits for the next event).
+                        if n < want && !r.hup.load(Ordering::Relaxed) {
                             r.rx_ready.store(false, Ordering::Relaxed);
-                            break;
                         }
                     }
                     Err(e) if would_block(&e) => {
@@ -242,6 +327,19 @@ pub(crate) fn run(
             }
             continue;
         }
+        // What was read ahead with the header comes first.
+        if c.rx.pos < c.rx.have {
+            did = true;
+            if !drain(qp, c) {
+                return true;
+            }
+            continue;
+        }
+        if !readable(r) {
+            break;
+        }
+        c.rx.have = 0;
+        c.rx.pos = 0;
         // Payload (into guest memory), pad and CRC, and the next FPDU's first bytes.
         let (n, want) = {
             let Some(f) = c.rx.cur.as_ref() else { break };
@@ -254,7 +352,7 @@ pub(crate) fn run(
             }
             let tail = c.rx.tail;
             l.push_private_mut(&mut c.rx.trailer[tail..f.pad + CRC_LEN]);
-            l.push_private_mut(&mut c.rx.buf[..PREFIX]);
+            l.push_private_mut(&mut c.rx.buf[..]);
             match l.recv(c.sock.as_fd()) {
                 Ok(0) => {
                     c.disconnected(qp, &"end of stream");
@@ -276,6 +374,12 @@ pub(crate) fn run(
         moved += n;
         let Some(f) = c.rx.cur.as_mut() else { break };
         let p = n.min(f.plen - f.got);
+        if c.crc && p > 0 {
+            // The bytes just placed, while they are in the cache.
+            if let Some((segs, off)) = &f.dst {
+                crc_segs(&mut f.crc, segs, off + f.got, p);
+            }
+        }
         f.got += p;
         let t = (n - p).min(f.pad + CRC_LEN - c.rx.tail);
         c.rx.tail += t;
@@ -285,10 +389,9 @@ pub(crate) fn run(
         }
         // A short read means the socket is empty for now (its next event says when not),
         // unless the peer's FIN came with the data: its event is spent, so read on to the
-        // end of the stream.
+        // end of the stream. The bytes read into `buf` are processed first.
         if n < want && !r.hup.load(Ordering::Relaxed) {
             r.rx_ready.store(false, Ordering::Relaxed);
-            break;
         }
     }
     *budget = budget.saturating_sub(moved);
@@ -316,7 +419,7 @@ fn start(ctx: &Ctx<'_>, qp: &Qp, c: &mut Conn) -> Step {
             {
                 // A Terminate that does not read right still ends the stream; a Terminate is
                 // never answered with another.
-                c.rx.have = 0;
+                c.rx.consume(fpdu::fpdu_len(ulpdu));
                 c.terminated(qp, TermCode::RDMAP_OPERATION_UNSPECIFIED);
                 return Step::Stop;
             }
@@ -420,11 +523,11 @@ fn start(ctx: &Ctx<'_>, qp: &Qp, c: &mut Conn) -> Step {
             (plen > 0).then(|| (rc.segs.clone(), mo))
         }
         (Opcode::ReadRequest, BufferModel::Untagged { msn, .. }, MsgBody::ReadRequest(req)) => {
-            c.rx.have = 0;
+            c.rx.consume(fpdu::fpdu_len(ulpdu));
             return read_request(ctx, qp, c, msn, req, quoted);
         }
         (Opcode::Terminate, _, MsgBody::Terminate(code)) => {
-            c.rx.have = 0;
+            c.rx.consume(fpdu::fpdu_len(ulpdu));
             c.terminated(qp, code);
             return Step::Stop;
         }
@@ -451,7 +554,8 @@ fn start(ctx: &Ctx<'_>, qp: &Qp, c: &mut Conn) -> Step {
         quote,
         qlen,
     });
-    c.rx.have = 0;
+    // What followed the header in `buf` is placed first (`drain`).
+    c.rx.pos = qlen;
     c.rx.tail = 0;
     c.rx.blocked = false;
     Step::Go
@@ -573,11 +677,11 @@ fn finish(qp: &Qp, c: &mut Conn) -> bool {
     };
     let quote = &f.quote[..f.qlen];
     if c.crc {
-        let mut crc = f.crc;
-        if let Some((segs, off)) = &f.dst {
-            crc_segs(&mut crc, segs, *off, f.plen);
-        }
-        if let Err(e) = crc.check_trailer(f.ulpdu, &c.rx.trailer[..f.pad + CRC_LEN]) {
+        // `f.crc` has the length field, the header and the payload as it was placed.
+        if let Err(e) = f
+            .crc
+            .check_trailer(f.ulpdu, &c.rx.trailer[..f.pad + CRC_LEN])
+        {
             c.terminate(qp, TermCode::for_error(&e), Some(quote), false);
             return false;
         }
