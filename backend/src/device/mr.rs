@@ -8,6 +8,9 @@
 //! than 2^24, whatever the order regions come and go in. Every lookup checks the key's owner
 //! (channel and PD) and the access the operation needs; bounds are checked with overflow-free
 //! arithmetic.
+//!
+//! Engine threads look keys up through their own [`KeyCache`] ([`EngineKeys`]): no lock and no
+//! hash per work request, the same checks, and a deregistered key misses there as in the table.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
