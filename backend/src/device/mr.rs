@@ -358,7 +358,7 @@ impl KeyTable {
     }
 }
 
-/// [`KeyTable::local`] on the region found for `sge.lkey`.
+/// Checks a local SGE against the region found for its lkey (owner, access, bounds).
 fn check_local(
     mr: Option<Arc<Mr>>,
     ch: ChannelId,
@@ -387,7 +387,7 @@ fn check_local(
     })
 }
 
-/// [`KeyTable::remote_checked`] on the region found for `rkey`.
+/// Checks (`rkey`, `addr`, `len`) against the region found for `rkey` (owner, access, bounds).
 fn check_remote(
     mr: Option<Arc<Mr>>,
     ch: ChannelId,
@@ -472,7 +472,7 @@ impl<'a> EngineKeys<'a> {
         self.cache.borrow_mut().get(self.table, key)
     }
 
-    /// [`KeyTable::local`].
+    /// Resolves a local SGE of a QP of (`ch`, `pd`); `write` when the engine will write it.
     pub(crate) fn local(
         &self,
         ch: ChannelId,
@@ -483,7 +483,8 @@ impl<'a> EngineKeys<'a> {
         check_local(self.get(sge.lkey), ch, pd, sge, write)
     }
 
-    /// [`KeyTable::remote`].
+    /// Resolves `len` bytes at `addr` of the region `rkey` names, which must belong to the
+    /// responder (`ch`, `pd`) and allow `need`.
     pub(crate) fn remote(
         &self,
         ch: ChannelId,
@@ -497,7 +498,7 @@ impl<'a> EngineKeys<'a> {
             .map_err(|_| CqeStatus::RemoteAccessError)
     }
 
-    /// [`KeyTable::remote_checked`].
+    /// [`Self::remote`], saying which check failed (a Terminate message names it).
     pub(crate) fn remote_checked(
         &self,
         ch: ChannelId,
