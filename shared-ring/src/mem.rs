@@ -493,20 +493,54 @@ impl SharedRegion {
         }
     }
 
-    #[inline]
-    fn read_unchecked(&self, offset: usize, buf: &mut [u8]) {
-        for (i, chunk) in buf.chunks_exact_mut(4).enumerate() {
-            let v = self.with_word(offset + 4 * i, |w| w.load(Ordering::Relaxed));
-            chunk.copy_from_slice(&v.to_ne_bytes());
+    /// Runs `f` on the `len / 4` atomic words from `offset`, which the caller has bounds- and
+    /// alignment-checked against `self.len` (`offset` and `len` multiples of 4): a slot's
+    /// words with one address computation instead of one per word.
+    #[inline(always)]
+    fn with_words<R>(&self, offset: usize, len: usize, f: impl FnOnce(&[AtomicU32]) -> R) -> R {
+        debug_assert!(offset % 4 == 0 && len % 4 == 0 && offset + len <= self.len);
+        #[cfg(not(loom))]
+        {
+            let b = &*self.backing;
+            let abs = self.offset + offset;
+            debug_assert!(abs + len <= b.len);
+            // SAFETY: as in `with_word`, for each of the `len / 4` words: `abs + len <= b.len`
+            // (the caller checked `offset + len <= self.len`, windows lie inside their
+            // parent), so the words are inside the backing memory, valid while
+            // `self.backing` lives; 4-byte aligned (aligned base, offsets multiples of 4);
+            // `AtomicU32` has `u32`'s layout, and all accesses to this memory are atomic.
+            let words = unsafe {
+                std::slice::from_raw_parts(
+                    b.base.as_ptr().add(abs).cast::<AtomicU32>().cast_const(),
+                    len / 4,
+                )
+            };
+            f(words)
+        }
+        #[cfg(loom)]
+        {
+            let first = (self.offset + offset) / 4;
+            f(&self.backing.words[first..first + len / 4])
         }
     }
 
     #[inline]
+    fn read_unchecked(&self, offset: usize, buf: &mut [u8]) {
+        self.with_words(offset, buf.len(), |words| {
+            for (w, chunk) in words.iter().zip(buf.chunks_exact_mut(4)) {
+                chunk.copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
+            }
+        });
+    }
+
+    #[inline]
     fn write_unchecked(&self, offset: usize, data: &[u8]) {
-        for (i, chunk) in data.chunks_exact(4).enumerate() {
-            let v = u32::from_ne_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
-            self.with_word(offset + 4 * i, |w| w.store(v, Ordering::Relaxed));
-        }
+        self.with_words(offset, data.len(), |words| {
+            for (w, chunk) in words.iter().zip(data.chunks_exact(4)) {
+                let v = u32::from_ne_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+                w.store(v, Ordering::Relaxed);
+            }
+        });
     }
 }
 
@@ -579,10 +613,16 @@ impl<const N: usize> SlotArray<N> {
     /// Copies slot `idx` (masked) out of shared memory.
     #[inline]
     pub fn read(&self, idx: u32) -> [u8; N] {
-        let () = Self::VALID;
         let mut out = [0u8; N];
-        self.region.read_unchecked(self.slot_offset(idx), &mut out);
+        self.read_into(idx, &mut out);
         out
+    }
+
+    /// Copies slot `idx` (masked) out of shared memory into `out`.
+    #[inline]
+    pub fn read_into(&self, idx: u32, out: &mut [u8; N]) {
+        let () = Self::VALID;
+        self.region.read_unchecked(self.slot_offset(idx), out);
     }
 
     /// Copies `data` into slot `idx` (masked).

@@ -246,19 +246,27 @@ impl<const N: usize> Consumer<N> {
     /// Copies the next published slot out and consumes it; `None` when there is none.
     #[inline]
     pub fn pop(&mut self) -> Result<Option<[u8; N]>, QueueError> {
+        let mut slot = [0u8; N];
+        Ok(self.pop_into(&mut slot)?.then_some(slot))
+    }
+    /// [`Self::pop`] into `slot` (a hot path's own buffer, so no slot-sized value is moved
+    /// around): `true` if the next published slot was copied there and consumed, `false`
+    /// (and `slot` untouched) when there is none.
+    #[inline]
+    pub fn pop_into(&mut self, slot: &mut [u8; N]) -> Result<bool, QueueError> {
         if self.is_by_phase() {
             if !self.next_published() {
-                return Ok(None);
+                return Ok(false);
             }
         } else if self.prod_seen == self.cons_pvt && self.available()? == 0 {
-            return Ok(None);
+            return Ok(false);
         }
-        let mut slot = self.slots.read(self.cons_pvt);
+        self.slots.read_into(self.cons_pvt, slot);
         if let Some(off) = self.owner {
             slot[off..off + 4].fill(0);
         }
         self.cons_pvt = self.cons_pvt.wrapping_add(1);
-        Ok(Some(slot))
+        Ok(true)
     }
     /// By phase, for a look without this end (an engine that keeps the end under a lock):
     /// whether slot `idx` is published — see [`Self::is_by_phase`]; `None` when the queue is

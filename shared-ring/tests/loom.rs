@@ -270,3 +270,46 @@ fn cq_wraps_without_overwriting_unconsumed_cqes() {
         app.join().unwrap();
     });
 }
+
+/// A model of the backend's per-engine key cache (`backend/src/device/mr.rs`, `KeyCache`; the
+/// backend does not build under loom, so the protocol is modelled here): an engine uses the
+/// region it cached for a key only while the region's `dead` flag is clear, and
+/// `KeyTable::remove` sets the flag (under the table's lock) before the deregistration returns.
+/// The cached region is held strongly here — the case where a segment of a message in pieces
+/// keeps it alive, so the cache's `Weak` still upgrades. A lookup that starts after the
+/// deregistration returned (`done`, which the guest learns before it posts again) must miss,
+/// on a cache hit as on the table.
+#[test]
+fn key_cache_misses_a_key_deregistered_before_the_lookup() {
+    use loom::sync::atomic::AtomicBool;
+    use loom::sync::Mutex;
+    use std::sync::atomic::Ordering::{Acquire, Release};
+
+    struct Mr {
+        dead: AtomicBool,
+    }
+    model(|| {
+        let mr = loom::sync::Arc::new(Mr {
+            dead: AtomicBool::new(false),
+        });
+        let table = loom::sync::Arc::new(Mutex::new(Some(mr.clone())));
+        let done = loom::sync::Arc::new(AtomicBool::new(false));
+        let (t2, d2) = (table.clone(), done.clone());
+        let control = thread::spawn(move || {
+            if let Some(m) = t2.lock().unwrap().take() {
+                m.dead.store(true, Release);
+            }
+            d2.store(true, Release);
+        });
+        let cached = mr;
+        for _ in 0..2 {
+            let after_dereg = done.load(Acquire);
+            let hit = !cached.dead.load(Acquire);
+            let found = hit || table.lock().unwrap().is_some();
+            if after_dereg {
+                assert!(!found, "a key resolved after its deregistration returned");
+            }
+        }
+        control.join().unwrap();
+    });
+}

@@ -32,7 +32,7 @@ use mio::{Events, Poll};
 
 use super::exec::{self, Ctx};
 use super::iwarp;
-use super::mr::KeyTable;
+use super::mr::{EngineKeys, KeyTable};
 use super::objects::{lock, Channel, Qp};
 use super::waker::EngineWaker;
 
@@ -88,7 +88,7 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
     let me = &*shared.waker;
     let mut events = Events::with_capacity(256);
     let ctx = Ctx {
-        keys: &keys,
+        keys: EngineKeys::new(&keys),
         me: me.idx,
         engines: &engines,
     };

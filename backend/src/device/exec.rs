@@ -20,7 +20,7 @@ use shared_ring::abi::cqe::{flags as cqe_flags, CqeOpcode, CqeRepr, CqeStatus};
 use shared_ring::abi::event::EventKind;
 use shared_ring::abi::wqe::{flags, WqeData, WqeOpcode, WqeRepr, WQE_LEN};
 
-use super::mr::{self, KeyTable, Source};
+use super::mr::{self, EngineKeys, Source};
 use super::objects::{lock, Active, Kind, Qp, RecvSide, SegList, SendSide};
 use super::waker::EngineWaker;
 
@@ -38,7 +38,7 @@ const FLUSH_BUDGET: usize = 256;
 
 /// What an engine pass needs.
 pub(crate) struct Ctx<'a> {
-    pub(crate) keys: &'a KeyTable,
+    pub(crate) keys: EngineKeys<'a>,
     pub(crate) me: usize,
     pub(crate) engines: &'a [Arc<EngineWaker>],
 }
@@ -186,6 +186,7 @@ fn run_sq(ctx: &Ctx<'_>, qp: &Arc<Qp>, budget: &mut usize) -> bool {
 
 fn run_sq_locked(ctx: &Ctx<'_>, qp: &Arc<Qp>, s: &mut SendSide, budget: &mut usize) -> bool {
     let mut did = false;
+    let mut raw = [0u8; WQE_LEN];
     for _ in 0..BUDGET {
         if qp.state() != QpState::Rts {
             return true;
@@ -206,9 +207,9 @@ fn run_sq_locked(ctx: &Ctx<'_>, qp: &Arc<Qp>, s: &mut SendSide, budget: &mut usi
         } else {
             let wqe = match s.pending.take() {
                 Some(w) => w,
-                None => match s.sq.pop() {
-                    Ok(None) => break,
-                    Ok(Some(raw)) => match WqeRepr::from_bytes(&raw) {
+                None => match s.sq.pop_into(&mut raw) {
+                    Ok(false) => break,
+                    Ok(true) => match WqeRepr::from_bytes(&raw) {
                         Ok(w) if w.opcode != WqeOpcode::Recv => w,
                         _ => {
                             s.sq.release();

@@ -8,10 +8,15 @@
 //! than 2^24, whatever the order regions come and go in. Every lookup checks the key's owner
 //! (channel and PD) and the access the operation needs; bounds are checked with overflow-free
 //! arithmetic.
+//!
+//! Engine threads look keys up through their own [`KeyCache`] ([`EngineKeys`]): no lock and no
+//! hash per work request, the same checks, and a deregistered key misses there as in the table.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock, Weak};
 
 use shared_ring::abi::control::access;
 use shared_ring::abi::cqe::CqeStatus;
@@ -33,6 +38,9 @@ pub(crate) struct Mr {
     pub(crate) len: u64,
     iova: u64,
     access: u32,
+    /// Set (before the key leaves the table) when the region is deregistered: an engine's
+    /// [`KeyCache`] entry for it no longer resolves.
+    dead: AtomicBool,
 }
 
 /// A checked byte range of a region.
@@ -133,6 +141,14 @@ impl<'a> Cursor<'a> {
 /// Copies all of `src` into `dst` (whose total length is at least `src.len()`; extra source
 /// bytes are dropped).
 pub(crate) fn scatter(src: &Source<'_>, dst: &[Option<Seg>]) {
+    // The common case, one segment on each side (what a small WRITE or SEND is): one copy,
+    // without walking the lists.
+    if let (Source::Segs([Some(s), rest @ ..]), [Some(d), ..]) = (src, dst) {
+        if rest.iter().all(Option::is_none) && d.len >= s.len {
+            d.copy_from(0, s, 0, s.len);
+            return;
+        }
+    }
     let mut c = Cursor {
         segs: dst,
         i: 0,
@@ -269,6 +285,7 @@ impl KeyTable {
             len: m.len,
             iova: m.iova,
             access: m.access,
+            dead: AtomicBool::new(false),
         });
         t.live.insert(number, mr.clone());
         Some(mr)
@@ -278,7 +295,11 @@ impl KeyTable {
         let mut t = self.inner.write().unwrap_or_else(|e| e.into_inner());
         let number = lkey >> 1;
         if t.live.get(&number).is_some_and(|m| m.lkey == lkey) {
-            t.live.remove(&number);
+            if let Some(m) = t.live.remove(&number) {
+                // Before the deregistration returns: a cached lookup that starts after it
+                // sees the flag (`KeyCache::get`).
+                m.dead.store(true, Ordering::Release);
+            }
         }
     }
 
@@ -295,6 +316,7 @@ impl KeyTable {
     }
 
     /// Resolves a local SGE of a QP of (`ch`, `pd`); `write` when the engine will write it.
+    #[cfg(test)]
     pub(crate) fn local(
         &self,
         ch: ChannelId,
@@ -302,30 +324,167 @@ impl KeyTable {
         sge: &Sge,
         write: bool,
     ) -> Result<Seg, CqeStatus> {
-        let mr = self
-            .get(sge.lkey)
-            .filter(|m| m.lkey == sge.lkey && m.ch == ch && m.pd == pd)
-            .ok_or(CqeStatus::LocalProtectionError)?;
-        if write && mr.access & access::LOCAL_WRITE == 0 {
-            return Err(CqeStatus::LocalProtectionError);
-        }
-        let end = sge
-            .offset
-            .checked_add(u64::from(sge.length))
-            .ok_or(CqeStatus::LocalProtectionError)?;
-        if end > mr.len {
-            return Err(CqeStatus::LocalProtectionError);
-        }
-        let off = mr.base + sge.offset as usize;
-        Ok(Seg {
-            mr,
-            off,
-            len: sge.length as usize,
-        })
+        check_local(self.get(sge.lkey), ch, pd, sge, write)
     }
 
     /// Resolves `len` bytes at `addr` of the region `rkey` names, which must belong to the
     /// responder (`ch`, `pd`) and allow `need` ([`access::REMOTE_READ`] or `REMOTE_WRITE`).
+    #[cfg(test)]
+    pub(crate) fn remote(
+        &self,
+        ch: ChannelId,
+        pd: PdId,
+        rkey: u32,
+        addr: u64,
+        len: u64,
+        need: u32,
+    ) -> Result<Seg, CqeStatus> {
+        self.remote_checked(ch, pd, rkey, addr, len, need)
+            .map_err(|_| CqeStatus::RemoteAccessError)
+    }
+
+    /// [`Self::remote`], saying which check failed (a Terminate message names it).
+    #[cfg(test)]
+    pub(crate) fn remote_checked(
+        &self,
+        ch: ChannelId,
+        pd: PdId,
+        rkey: u32,
+        addr: u64,
+        len: u64,
+        need: u32,
+    ) -> Result<Seg, RemoteFault> {
+        check_remote(self.get(rkey), ch, pd, rkey, addr, len, need)
+    }
+}
+
+/// Checks a local SGE against the region found for its lkey (owner, access, bounds).
+fn check_local(
+    mr: Option<Arc<Mr>>,
+    ch: ChannelId,
+    pd: PdId,
+    sge: &Sge,
+    write: bool,
+) -> Result<Seg, CqeStatus> {
+    let mr = mr
+        .filter(|m| m.lkey == sge.lkey && m.ch == ch && m.pd == pd)
+        .ok_or(CqeStatus::LocalProtectionError)?;
+    if write && mr.access & access::LOCAL_WRITE == 0 {
+        return Err(CqeStatus::LocalProtectionError);
+    }
+    let end = sge
+        .offset
+        .checked_add(u64::from(sge.length))
+        .ok_or(CqeStatus::LocalProtectionError)?;
+    if end > mr.len {
+        return Err(CqeStatus::LocalProtectionError);
+    }
+    let off = mr.base + sge.offset as usize;
+    Ok(Seg {
+        mr,
+        off,
+        len: sge.length as usize,
+    })
+}
+
+/// Checks (`rkey`, `addr`, `len`) against the region found for `rkey` (owner, access, bounds).
+fn check_remote(
+    mr: Option<Arc<Mr>>,
+    ch: ChannelId,
+    pd: PdId,
+    rkey: u32,
+    addr: u64,
+    len: u64,
+    need: u32,
+) -> Result<Seg, RemoteFault> {
+    let mr = mr
+        .filter(|m| m.rkey == rkey && m.ch == ch && m.pd == pd)
+        .ok_or(RemoteFault::Key)?;
+    if mr.access & need != need {
+        return Err(RemoteFault::Access);
+    }
+    let start = addr.checked_sub(mr.iova).ok_or(RemoteFault::Bounds)?;
+    let end = start.checked_add(len).ok_or(RemoteFault::Bounds)?;
+    if end > mr.len {
+        return Err(RemoteFault::Bounds);
+    }
+    Ok(Seg {
+        off: mr.base + start as usize,
+        len: len as usize,
+        mr,
+    })
+}
+
+/// Entries of an engine's [`KeyCache`] (direct-mapped by key).
+const CACHE_WAYS: usize = 8;
+
+/// An engine thread's cache of recent key lookups: what a lookup costs without the table's
+/// lock and hash — one load of the entry's key, a `Weak::upgrade` (one locked instruction, no
+/// more than the `Arc` clone every lookup pays) and one load of the region's `dead` flag.
+///
+/// Holding `Weak`s keeps no region mapped: a deregistered region whose last `Seg` is gone is
+/// unmapped as before, and its entry no longer upgrades. A region deregistered while a `Seg`
+/// still holds it (a message in pieces) upgrades, but its `dead` flag is set before
+/// [`KeyTable::remove`] returns, so a lookup that starts after the deregistration (the only
+/// kind the table itself guarantees to miss) sees it and misses too.
+#[derive(Default)]
+pub(crate) struct KeyCache {
+    ways: [Option<(u32, Weak<Mr>)>; CACHE_WAYS],
+}
+
+impl KeyCache {
+    /// The region of `key`: the cached one if it is still registered, else the table's
+    /// (then cached).
+    fn get(&mut self, table: &KeyTable, key: u32) -> Option<Arc<Mr>> {
+        // By the whole key: a region's lkey and rkey (numbers 2n, 2n + 1) take two ways.
+        let way = &mut self.ways[key as usize % CACHE_WAYS];
+        if let Some((k, w)) = way {
+            if *k == key {
+                if let Some(m) = w.upgrade() {
+                    // Acquire: pairs with `remove`'s release store of the flag.
+                    if !m.dead.load(Ordering::Acquire) {
+                        return Some(m);
+                    }
+                }
+            }
+        }
+        let m = table.get(key);
+        *way = m.as_ref().map(|m| (key, Arc::downgrade(m)));
+        m
+    }
+}
+
+/// The key table as one engine thread sees it: lookups go through its [`KeyCache`].
+pub(crate) struct EngineKeys<'a> {
+    table: &'a KeyTable,
+    cache: RefCell<KeyCache>,
+}
+
+impl<'a> EngineKeys<'a> {
+    pub(crate) fn new(table: &'a KeyTable) -> Self {
+        Self {
+            table,
+            cache: RefCell::new(KeyCache::default()),
+        }
+    }
+
+    fn get(&self, key: u32) -> Option<Arc<Mr>> {
+        self.cache.borrow_mut().get(self.table, key)
+    }
+
+    /// Resolves a local SGE of a QP of (`ch`, `pd`); `write` when the engine will write it.
+    pub(crate) fn local(
+        &self,
+        ch: ChannelId,
+        pd: PdId,
+        sge: &Sge,
+        write: bool,
+    ) -> Result<Seg, CqeStatus> {
+        check_local(self.get(sge.lkey), ch, pd, sge, write)
+    }
+
+    /// Resolves `len` bytes at `addr` of the region `rkey` names, which must belong to the
+    /// responder (`ch`, `pd`) and allow `need`.
     pub(crate) fn remote(
         &self,
         ch: ChannelId,
@@ -349,22 +508,6 @@ impl KeyTable {
         len: u64,
         need: u32,
     ) -> Result<Seg, RemoteFault> {
-        let mr = self
-            .get(rkey)
-            .filter(|m| m.rkey == rkey && m.ch == ch && m.pd == pd)
-            .ok_or(RemoteFault::Key)?;
-        if mr.access & need != need {
-            return Err(RemoteFault::Access);
-        }
-        let start = addr.checked_sub(mr.iova).ok_or(RemoteFault::Bounds)?;
-        let end = start.checked_add(len).ok_or(RemoteFault::Bounds)?;
-        if end > mr.len {
-            return Err(RemoteFault::Bounds);
-        }
-        Ok(Seg {
-            off: mr.base + start as usize,
-            len: len as usize,
-            mr,
-        })
+        check_remote(self.get(rkey), ch, pd, rkey, addr, len, need)
     }
 }

@@ -399,11 +399,13 @@ pub struct Loopback {
 impl Loopback {
     /// Builds it (panics on failure: test support).
     pub fn new(mr_len: u64) -> Loopback {
-        let dev = SoftDevice::new(EngineConfig {
-            threads: 1,
-            spin: Duration::from_secs(3600),
-        })
-        .expect("software device");
+        Self::with_spin(mr_len, Duration::from_secs(3600))
+    }
+
+    /// The same with an engine that spins for `spin` before it sleeps (`ZERO`: it sleeps as
+    /// soon as a pass finds nothing to do, so an idle engine runs no instructions).
+    pub fn with_spin(mr_len: u64, spin: Duration) -> Loopback {
+        let dev = SoftDevice::new(EngineConfig { threads: 1, spin }).expect("software device");
         let mut ch = TestChannel::open(&dev, 1, ChannelMode::Bypass);
         let cq = ch.cq(&dev, 10);
         let qp = ch.qp(&dev, &cq, &cq, 8);

@@ -5,7 +5,7 @@ use shared_ring::abi::cqe::CqeStatus;
 use shared_ring::abi::wqe::Sge;
 use shared_ring::SharedRegion;
 
-use super::mr::{scatter, KeyTable, NewMr, Source};
+use super::mr::{scatter, EngineKeys, KeyTable, NewMr, Source};
 use super::{ChannelId, PdId};
 
 fn mr(t: &KeyTable, ch: u32, pd: u32, len: u64, acc: u32) -> (SharedRegion, u32, u32) {
@@ -81,6 +81,73 @@ fn keys_are_bound_to_owner_access_and_bounds() {
         Err(CqeStatus::LocalProtectionError)
     );
     assert!(t.local(ch, pd, &sge(0, 8, lkey2), false).is_ok());
+}
+
+#[test]
+fn engine_key_cache_misses_a_key_deregistered_while_a_segment_holds_its_region() {
+    let t = KeyTable::default();
+    let (_p, lkey, rkey) = mr(&t, 1, 2, 1000, access::ALL);
+    let keys = EngineKeys::new(&t);
+    let (ch, pd) = (ChannelId(1), PdId(2));
+    let sge = Sge {
+        offset: 0,
+        length: 8,
+        lkey,
+    };
+    let wr = access::REMOTE_WRITE;
+    // Cached, and a segment (as a message in pieces would) keeps the region alive.
+    let held = keys.local(ch, pd, &sge, false).unwrap();
+    let held_r = keys.remote(ch, pd, rkey, 0x10_000, 8, wr).unwrap();
+    assert!(keys.local(ch, pd, &sge, false).is_ok());
+    assert!(keys.remote(ch, pd, rkey, 0x10_000, 8, wr).is_ok());
+    t.remove(lkey);
+    assert_eq!(
+        keys.local(ch, pd, &sge, false).map(|_| ()),
+        Err(CqeStatus::LocalProtectionError),
+        "a cached lkey resolved after its deregistration"
+    );
+    assert_eq!(
+        keys.remote(ch, pd, rkey, 0x10_000, 8, wr).map(|_| ()),
+        Err(CqeStatus::RemoteAccessError),
+        "a cached rkey resolved after its deregistration"
+    );
+    drop((held, held_r));
+}
+
+#[test]
+fn engine_key_cache_resolves_like_the_table_when_keys_share_a_way() {
+    let t = KeyTable::default();
+    let keys = EngineKeys::new(&t);
+    let (ch, pd) = (ChannelId(1), PdId(2));
+    // 16 regions (as many as `mr` allows): 32 keys, four in each of the cache's ways.
+    let regions: Vec<_> = (0..16).map(|_| mr(&t, 1, 2, 1000, access::ALL)).collect();
+    for round in 0..3 {
+        for (i, (_, lkey, rkey)) in regions.iter().enumerate() {
+            let sge = Sge {
+                offset: 0,
+                length: 1000,
+                lkey: *lkey,
+            };
+            let wr = access::REMOTE_WRITE;
+            let gone = round == 2 && i % 2 == 0;
+            if gone {
+                t.remove(*lkey);
+            }
+            assert_eq!(
+                keys.local(ch, pd, &sge, true).is_ok(),
+                !gone,
+                "round {round}, region {i}"
+            );
+            assert_eq!(
+                keys.remote(ch, pd, *rkey, 0x10_000, 1000, wr).is_ok(),
+                !gone,
+                "round {round}, region {i}"
+            );
+            // Owner and bounds are checked on a cache hit as on a table lookup.
+            assert!(keys.local(ChannelId(9), pd, &sge, true).is_err());
+            assert!(keys.remote(ch, pd, *rkey, 0x10_001, 1000, wr).is_err());
+        }
+    }
 }
 
 #[test]
