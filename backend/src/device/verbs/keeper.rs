@@ -94,6 +94,8 @@ struct Shared {
     /// The device driver's `enum rdma_driver_id`: the kernel refuses an ioctl naming another
     /// (EINVAL), and libibverbs keeps it private; found by [`driver_id_of`].
     driver_id: u32,
+    /// -1, or where the keeper reports what it destroyed ([`Keeper::start_reporting`]).
+    report_fd: c_int,
     slots: Box<[AtomicU64]>,
 }
 
@@ -131,7 +133,17 @@ impl Keeper {
     /// Starts a keeper for registrations made on the uverbs file `cmd_fd` (the context's
     /// `cmd_fd`), at most `capacity` at once.
     pub(crate) fn start(cmd_fd: RawFd, capacity: usize) -> std::io::Result<Keeper> {
-        let shared = Self::table(cmd_fd, capacity)?;
+        Self::start_reporting(cmd_fd, capacity, -1)
+    }
+
+    /// [`Keeper::start`]; the keeper also writes each handle it destroyed (4 bytes, little
+    /// endian) to `report_fd` when that is not -1 (the tests' window on a killed process).
+    fn start_reporting(
+        cmd_fd: RawFd,
+        capacity: usize,
+        report_fd: RawFd,
+    ) -> std::io::Result<Keeper> {
+        let shared = Self::table(cmd_fd, capacity, report_fd)?;
         const STACK: usize = 64 * 1024;
         // SAFETY: a fresh private anonymous mapping (no Rust object lives there); it is the
         // keeper's stack and is never unmapped (the keeper may run after the backend died).
@@ -167,7 +179,7 @@ impl Keeper {
     }
 
     /// The table and the pidfd of this process (no keeper yet).
-    fn table(cmd_fd: RawFd, capacity: usize) -> std::io::Result<&'static Shared> {
+    fn table(cmd_fd: RawFd, capacity: usize, report_fd: RawFd) -> std::io::Result<&'static Shared> {
         // SAFETY: pidfd_open(2) of this process; no pointer arguments.
         let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) };
         if pidfd < 0 {
@@ -185,6 +197,7 @@ impl Keeper {
             pidfd: pidfd as c_int,
             cmd_fd,
             driver_id,
+            report_fd,
             slots,
         })))
     }
@@ -262,6 +275,11 @@ extern "C" fn keeper_main(arg: *mut c_void) -> c_int {
     for handle in recorded(s) {
         // A stale handle is refused by the kernel; nothing else happens.
         destroy(s.cmd_fd, &mut DestroyMr::new(handle, s.driver_id));
+        if s.report_fd >= 0 {
+            let b = handle.to_le_bytes();
+            // SAFETY: 4 bytes from a live local buffer.
+            unsafe { libc::write(s.report_fd, b.as_ptr().cast(), b.len()) };
+        }
     }
     0
 }
@@ -287,7 +305,7 @@ mod tests {
     #[test]
     fn registrations_are_recorded_until_dropped() {
         let k = Keeper {
-            shared: Keeper::table(-1, 3).unwrap(),
+            shared: Keeper::table(-1, 3, -1).unwrap(),
         };
         let a = k.track(7).unwrap();
         let b = k.track(0).unwrap();
@@ -300,5 +318,77 @@ mod tests {
         assert_eq!(d.slot, 1, "a free slot is reused");
         drop((a, c));
         assert_eq!(k.recorded(), vec![11]);
+    }
+
+    /// Both roles of one test: run plainly it is the parent; with `CHILD` set (the parent runs
+    /// this test binary again, this test only) it is the process that gets killed.
+    #[test]
+    fn a_killed_process_s_registrations_are_released_by_its_keeper() {
+        use std::io::{BufRead, Read};
+        use std::os::fd::FromRawFd;
+        use std::time::Duration;
+        const CHILD: &str = "VRDMA_KEEPER_TEST_REPORT_FD";
+        const NAME: &str =
+            "device::verbs::keeper::tests::a_killed_process_s_registrations_are_released_by_its_keeper";
+        if let Ok(fd) = std::env::var(CHILD) {
+            let k = Keeper::start_reporting(-1, 4, fd.parse().unwrap()).unwrap();
+            let kept = [k.track(5).unwrap(), k.track(6).unwrap()];
+            drop(k.track(7).unwrap()); // deregistered: not the keeper's business any more
+            println!("keeper-test: tracking");
+            loop {
+                std::thread::sleep(Duration::from_secs(1));
+                let _ = &kept;
+            }
+        }
+        let mut fds = [0; 2];
+        // SAFETY: pipe(2) into a valid array; no CLOEXEC, so the child inherits the write end.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: fresh descriptors of this process, each owned once.
+        let (mut r, w) = unsafe {
+            (
+                std::fs::File::from_raw_fd(fds[0]),
+                std::fs::File::from_raw_fd(fds[1]),
+            )
+        };
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", NAME, "--test-threads=1", "--nocapture"])
+            .env(CHILD, fds[1].to_string())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(w);
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let ready = std::io::BufReader::new(out)
+                .lines()
+                .map_while(Result::ok)
+                .any(|l| l.contains("keeper-test: tracking"));
+            let _ = tx.send(ready);
+        });
+        let ready = rx.recv_timeout(Duration::from_secs(60));
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        assert_eq!(ready, Ok(true), "the child never tracked its registrations");
+        // The keeper reports, then exits; its copy of the write end (the child's file table)
+        // goes with it: EOF. Bounded: read on a thread, wait at most a minute.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut got = Vec::new();
+            let _ = r.read_to_end(&mut got);
+            let _ = tx.send(got);
+        });
+        let got = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the keeper neither reported nor exited");
+        let handles: Vec<u32> = got
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        assert_eq!(
+            handles,
+            vec![5, 6],
+            "what the killed process still held, nothing else"
+        );
     }
 }
