@@ -14,8 +14,8 @@
 //! path: the kernel tears its memory down (`exit_mm`) before it closes its files, and the
 //! uverbs file — whose release deregisters — is kept open by the provider's own mappings of it
 //! until that same teardown is over. Seen in the Xen lab (scenario `rxe`): after `kill -9` of
-//! `vrdma-backend --device verbs:rxe0` holding two 256 KiB guest MRs, dom0 logged 128 bad page
-//! maps, and every `reg_mr` of the restarted backend failed with ENOMEM (NoResources to the
+//! `vrdma-backend --device verbs:rxe0` holding two 256 KiB guest MRs, dom0 logged bad page maps
+//! (60, then the kernel's rate limit) and an rss counter of -128 — all 128 pages — and every `reg_mr` of the restarted backend failed with ENOMEM (NoResources to the
 //! guest): the corrupted pages were handed out again by the balloon to gntdev and could not be
 //! pinned any more.
 //!
@@ -27,12 +27,17 @@
 //! a table of atomics ([`Keeper::track`]; the slot is cleared after `ibv_dereg_mr`). When the
 //! backend is gone — killed or exited — the memory is still there (the keeper holds it), so
 //! the keeper destroys every recorded registration with the uverbs ioctl
-//! (`UVERBS_METHOD_MR_DESTROY`, which unpins the pages), then exits; only then is the memory
+//! (`UVERBS_METHOD_MR_DESTROY`, which unpins the pages; the kernel wants the driver's id in it,
+//! which libibverbs keeps private, so [`Keeper::start`] finds the one the file accepts), then
+//! exits; only then is the memory
 //! torn down, with nothing pinned, and gntdev unmaps synchronously. The keeper runs nothing but
-//! system calls and atomic loads: the backend's threads may have died holding any lock.
+//! system calls, atomic loads and errno reads: the backend's threads may have died holding any
+//! lock.
 //!
-//! A keeper is killed with the backend only if it is signalled itself (`pkill`, a cgroup kill);
-//! stop the service with SIGTERM (docs/operations.md).
+//! One keeper per [`Keeper::start`] (per opened verbs device); it lives until the process is
+//! gone, blocked in `poll`. It needs `pidfd_open` (Linux 5.3). A keeper is killed with the
+//! backend only if it is signalled itself (`pkill`, a cgroup kill); stop the service with
+//! SIGTERM (docs/operations.md).
 
 use std::ffi::{c_int, c_void};
 use std::os::fd::RawFd;
