@@ -9,10 +9,10 @@
 //! lists, port 1).
 
 use shared_ring::abi::cqe::{CqeOpcode, CqeStatus};
-use shared_ring::abi::wqe::WqeOpcode;
+use shared_ring::abi::wqe::{WqeData, WqeOpcode};
 use vrdma_backend::device::testkit::{wqe, TestChannel, TestPair};
 use vrdma_backend::device::verbs::{VerbsDevice, VerbsLib};
-use vrdma_backend::device::{access, ChannelMode, Device, EngineConfig};
+use vrdma_backend::device::{access, ChannelMode, Device, DomId, EngineConfig};
 
 fn device() -> Option<VerbsDevice> {
     let (name, port) = match std::env::var("VRDMA_TEST_IBDEV") {
@@ -108,6 +108,27 @@ fn send_write_read(mode: ChannelMode) {
         (3, CqeStatus::Success, CqeOpcode::RdmaRead)
     );
     assert_eq!(ma.read(2000, 12), b"read me back");
+    // Zero-copy: the HCA moved all of that between the two guests' pages; the backend copied
+    // nothing (its copy counter is what the lab's `rxe` scenario asserts on).
+    for (ch, dom) in [(p.a.id, 1), (p.b.id, 2)] {
+        assert_eq!(dev.stats(ch).copied_bytes, 0);
+        assert_eq!(dev.domain_stats(DomId(dom)).copied_bytes, 0);
+    }
+    // An inline SEND is the one copy: its bytes come out of the guest's WQE.
+    p.bqp.post_recv(&dev, 78, &[mb.sge(0, 64)]);
+    let mut w = wqe(WqeOpcode::Send, 4, &[], (0, 0), 0);
+    w.data = WqeData::inline(b"twenty inline bytes!").expect("fits inline");
+    p.aqp.post_send(&dev, &w);
+    assert_eq!(p.acq.wait(&dev).status, CqeStatus::Success);
+    let c = p.bcq.wait(&dev);
+    assert_eq!(
+        (c.wr_id, c.status, c.byte_len),
+        (78, CqeStatus::Success, 20)
+    );
+    assert_eq!(mb.read(0, 20), b"twenty inline bytes!");
+    assert_eq!(dev.stats(p.a.id).copied_bytes, 20);
+    assert_eq!(dev.domain_stats(DomId(1)).copied_bytes, 20);
+    assert_eq!(dev.stats(p.b.id).copied_bytes, 0);
 }
 
 #[test]

@@ -16,15 +16,22 @@ for b in vrdma-backend vrdmactl vrdma-guest vrdma-perf; do strip -o "$BIN/$b" "t
 # Stripped: the domUs unpack these into RAM (a 160 MB guest runs out with debug info).
 strip -o "$BIN/xs-probe" target/release/examples/xs-probe
 strip -o "$BIN/platform-probe" target/release/examples/platform-probe
-# xen-platform's real-device tests (ignored on machines without Xen): the test binary, renamed.
-exe=$(cargo test --release -q -p xen-platform --test real_xen --no-run --message-format=json 2>/dev/null |
-    python3 -c 'import json,sys
+# test_exe PACKAGE TEST OUT: builds an integration test's binary (release) and strips it to OUT.
+test_exe() {
+    local exe
+    exe=$(cargo test --release -q -p "$1" --test "$2" --no-run --message-format=json 2>/dev/null |
+        python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "real_xen":
-        print(m["executable"])' | tail -n1)
-[ -x "$exe" ] || { echo "could not build xen-platform's real_xen test binary" >&2; exit 1; }
-strip -o "$BIN/xen-platform-real-xen-tests" "$exe"
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1]:
+        print(m["executable"])' "$2" | tail -n1)
+    [ -x "$exe" ] || { echo "could not build $1's $2 test binary" >&2; exit 1; }
+    strip -o "$3" "$exe"
+}
+# xen-platform's real-device tests (ignored on machines without Xen): the test binary, renamed.
+test_exe xen-platform real_xen "$BIN/xen-platform-real-xen-tests"
+# The verbs device's tests (NOT RUN without an RDMA device): run on rxe0 in the rxe scenario.
+test_exe vrdma-backend verbs_device "$BIN/verbs_device"
 
 fail=0
 run() {
@@ -41,6 +48,9 @@ run() {
 run smoke
 run platform "$BIN/xs-probe" "$BIN/platform-probe" "$BIN/xen-platform-real-xen-tests"
 run split "$BIN/vrdma-backend" "$BIN/vrdmactl" "$BIN/vrdma-guest" "$BIN/vrdma-perf"
+# The verbs device (issue 13) on Soft-RoCE (rdma_rxe, rxe0 on dummy0) in dom0: its tests on
+# rxe0, then two domUs through `vrdma-backend --device verbs:rxe0` (scenarios/rxe/README).
+run rxe "$BIN/vrdma-backend" "$BIN/vrdmactl" "$BIN/vrdma-guest" "$BIN/verbs_device"
 # Linux siw in dom0 (built from Debian's linux-source, cached): stock rdma-core tools over siw,
 # and a vrdma guest against stock rping on siw in both directions, CRC off and on, every capture
 # checked by Wireshark's dissectors and our codec (run-siw.sh; about 6 minutes).

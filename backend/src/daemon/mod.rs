@@ -172,6 +172,7 @@ pub fn device_stats_source(device: Arc<dyn Device>) -> crate::xenbus::StatsSourc
                 ("errors", s.errors),
                 ("notifications", s.notifications),
                 ("events", s.events),
+                ("copied-bytes", s.copied_bytes),
             ],
             qps,
         }

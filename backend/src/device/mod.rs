@@ -297,6 +297,11 @@ pub struct DeviceStats {
     pub notifications: u64,
     /// Async events written (or dropped because the event ring was full).
     pub events: u64,
+    /// Payload bytes the backend copied through its own memory on the data path. The verbs
+    /// device counts the inline data of the sends it relays (copied out of the guest's WQE);
+    /// everything else the HCA moves between guest pages itself, so this stays 0 (zero-copy).
+    /// The software device does not count here: it copies every byte it moves (`bytes`).
+    pub copied_bytes: u64,
     pub channels: u64,
     pub pds: u64,
     pub mrs: u64,

@@ -16,6 +16,7 @@ pub(crate) struct Counters {
     errors: AtomicU64,
     notifications: AtomicU64,
     events: AtomicU64,
+    copied_bytes: AtomicU64,
     channels: AtomicU64,
     pds: AtomicU64,
     mrs: AtomicU64,
@@ -32,6 +33,7 @@ impl Counters {
             errors: self.errors.load(Relaxed),
             notifications: self.notifications.load(Relaxed),
             events: self.events.load(Relaxed),
+            copied_bytes: self.copied_bytes.load(Relaxed),
             channels: self.channels.load(Relaxed),
             pds: self.pds.load(Relaxed),
             mrs: self.mrs.load(Relaxed),
@@ -78,6 +80,13 @@ impl ChanStats {
     pub(crate) fn notification(&self) {
         self.both(|c| {
             c.notifications.fetch_add(1, Relaxed);
+        });
+    }
+    /// Payload bytes the backend copied through its own memory (see
+    /// [`DeviceStats::copied_bytes`](super::DeviceStats::copied_bytes)).
+    pub(crate) fn copied(&self, bytes: u64) {
+        self.both(|c| {
+            c.copied_bytes.fetch_add(bytes, Relaxed);
         });
     }
     pub(crate) fn event(&self) {

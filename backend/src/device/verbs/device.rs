@@ -121,6 +121,8 @@ fn ibv_access(a: u32) -> u32 {
 /// mapping it covers is released.
 struct MrEntry {
     _registration: super::Mr,
+    /// Recorded with the keeper until the registration is gone (see [`super::keeper`]).
+    _kept: super::keeper::Kept,
     lkey: u32,
     pd: PdId,
     len: u64,
@@ -237,6 +239,8 @@ struct Inner {
     av: PortAv,
     attrs: DeviceAttrs,
     comp: CompChannel,
+    /// Releases the registrations if this process dies holding them (see [`super::keeper`]).
+    keeper: super::keeper::Keeper,
     waker: Arc<EngineWaker>,
     spin: Duration,
     tables: Mutex<Tables>,
@@ -275,6 +279,8 @@ impl VerbsDevice {
         let av = port_av(&ctx, port, None)?;
         let attrs = attrs_of(&hca, &pattr);
         let comp = ctx.create_comp_channel()?;
+        let keeper = super::keeper::Keeper::start(ctx.cmd_fd(), attrs.max_mr as usize)
+            .map_err(|e| VerbsError::call("starting the registration keeper (clone)", e))?;
         let fd = comp.fd().as_raw_fd();
         set_nonblocking(fd)?;
         let poll = Poll::new().map_err(|e| VerbsError::call("mio::Poll::new", e))?;
@@ -289,6 +295,7 @@ impl VerbsDevice {
             av,
             attrs,
             comp,
+            keeper,
             waker,
             spin: config.spin,
             tables: Mutex::new(Tables::default()),
@@ -651,6 +658,10 @@ fn relay_queue(c: &VChan, q: &VQp, which: Queue) -> bool {
         };
         match posted {
             Ok(()) => {
+                if let shared_ring::abi::wqe::WqeData::Inline { len, .. } = &w.data {
+                    // The one copy of the data path: inline bytes, out of the guest's WQE.
+                    c.stats.copied(u64::from(*len));
+                }
                 cq.inflight.fetch_add(1, Ordering::Relaxed);
                 r.next_seq += 1;
                 r.pending.push_back(Pending {
@@ -904,6 +915,12 @@ impl Device for VerbsDevice {
         // only through `SharedRegion`'s accessors.
         let mr = unsafe { hca_pd.reg_mr_iova(addr, len, s.iova, ibv_access(s.access)) }
             .map_err(hca_err("ibv_reg_mr_iova2"))?;
+        // At most max_mr registrations (checked above), as many slots: never None.
+        let kept = self
+            .inner
+            .keeper
+            .track(mr.handle())
+            .ok_or(DeviceError::NoResources("memory regions"))?;
         let handle = MrHandle(t.id());
         t.mrs += 1;
         // The guest's lkey is the relay's own key (translated on every post); its rkey is the
@@ -927,6 +944,7 @@ impl Device for VerbsDevice {
             handle,
             MrEntry {
                 _registration: mr,
+                _kept: kept,
                 lkey,
                 pd: s.pd,
                 len: s.length,

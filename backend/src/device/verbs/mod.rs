@@ -22,6 +22,7 @@
 
 mod device;
 mod dl;
+mod keeper;
 pub mod probe;
 mod relay;
 
@@ -288,6 +289,12 @@ impl Context {
         unsafe { (*(*self.raw()).device).transport_type }
     }
 
+    /// The context's uverbs file descriptor (the verbs' commands go through it).
+    pub fn cmd_fd(&self) -> RawFd {
+        // SAFETY: a live context; reading a plain int field.
+        unsafe { (*self.raw()).cmd_fd }
+    }
+
     /// The file descriptor of the context's async events (`ibv_get_async_event` reads it).
     pub fn async_fd(&self) -> RawFd {
         // SAFETY: a live context; reading a plain int field.
@@ -522,6 +529,11 @@ impl Mr {
 
     pub fn rkey(&self) -> u32 {
         self.get().rkey
+    }
+
+    /// The kernel's handle of the registration (uverbs).
+    pub fn handle(&self) -> u32 {
+        self.get().handle
     }
 
     pub fn addr(&self) -> u64 {

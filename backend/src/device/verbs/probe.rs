@@ -433,6 +433,27 @@ pub(crate) fn to_init(qp: &Qp, port: u8) -> Result<(), VerbsError> {
     )
 }
 
+/// Transport retries (`retry_cnt`) of an RC QP: a peer that stops answering (its QP destroyed,
+/// its host gone) fails the requests after this many retransmissions, each after the local
+/// ACK timeout (`timeout` 14: 4.096 µs × 2^14 ≈ 67 ms), about half a second in all. Not 7:
+/// rxe reads 7 as "retry forever" (`rxe_comp.c`: the count is not decremented when it is 7),
+/// so a guest's QP whose peer was killed would never fail there.
+pub(crate) const RETRY_CNT: u8 = 6;
+
+/// The RTR → RTS attributes: ACK timeout, [`RETRY_CNT`], unlimited RNR retries (7, as the
+/// IB spec defines it), send PSN `my_psn`, one outstanding RDMA READ.
+pub(crate) fn rts_attr(my_psn: u32) -> ibv_qp_attr {
+    ibv_qp_attr {
+        qp_state: IBV_QPS_RTS,
+        timeout: 14,
+        retry_cnt: RETRY_CNT,
+        rnr_retry: 7,
+        sq_psn: my_psn,
+        max_rd_atomic: 1,
+        ..Default::default()
+    }
+}
+
 /// INIT → RTR → RTS for `qp`, addressed at QP `peer_qpn` behind `av`.
 pub(crate) fn to_rts(
     qp: &Qp,
@@ -474,15 +495,7 @@ pub(crate) fn to_rts(
             | IBV_QP_MAX_DEST_RD_ATOMIC
             | IBV_QP_MIN_RNR_TIMER,
     )?;
-    let rts = ibv_qp_attr {
-        qp_state: IBV_QPS_RTS,
-        timeout: 14,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        sq_psn: my_psn,
-        max_rd_atomic: 1,
-        ..Default::default()
-    };
+    let rts = rts_attr(my_psn);
     qp.modify(
         &rts,
         IBV_QP_STATE

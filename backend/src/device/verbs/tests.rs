@@ -216,3 +216,19 @@ fn anyhow_like(e: &dyn std::error::Error) -> String {
     }
     s
 }
+
+#[test]
+fn rc_qps_give_up_on_a_peer_that_stops_answering() {
+    // rxe takes retry_cnt 7 for "retry forever": a guest whose peer was killed would wait on
+    // its QP for ever instead of seeing RetryExceeded (the lab's rxe scenario saw exactly that).
+    let a = probe::rts_attr(0x42);
+    assert!(
+        a.retry_cnt < 7,
+        "retry_cnt {} never gives up on rxe",
+        a.retry_cnt
+    );
+    assert_eq!(
+        (a.qp_state, a.sq_psn, a.timeout),
+        (abi::IBV_QPS_RTS, 0x42, 14)
+    );
+}
