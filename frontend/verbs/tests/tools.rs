@@ -368,3 +368,97 @@ fn dereg_mr_revokes_the_rkey_at_once_and_app_memory_works() {
         );
     }
 }
+
+/// The string rping's client puts in its buffer for ping `i` (`-S 64`: 63 characters): the
+/// `rdma-ping-<i>: ` prefix, then letters from `A` + i cycling through `A`..=`z`.
+fn rping_string(i: usize) -> String {
+    let mut s = format!("rdma-ping-{i}: ");
+    let mut c = 65 + (i % 58) as u8;
+    while s.len() < 63 {
+        s.push(c as char);
+        c = if c >= 122 { 65 } else { c + 1 };
+    }
+    s
+}
+
+/// Debian's `rping` (librdmacm's rdma_cm API: listen, resolve, connect, accept, disconnect)
+/// between two guests: the server RDMA-READs each ping string from the client and
+/// RDMA-WRITEs it back; both print every string (`-v`), the client checks them (`-V`).
+#[test]
+fn rping_runs_between_two_guests() {
+    if !have("rping", "rdmacm-utils") {
+        return;
+    }
+    let mut lab = Lab::start(None).expect("start the simulated host and the backend");
+    let a = lab.create_guest("rping-server").expect("guest a");
+    let b = lab.create_guest("rping-client").expect("guest b");
+    let port = free_port().to_string();
+    let count = 10;
+    let count_s = count.to_string();
+    let mut server = exec_in(
+        &lab,
+        a,
+        &[
+            "rping",
+            "-s",
+            "-v",
+            "-C",
+            &count_s,
+            "-a",
+            "127.0.0.1",
+            "-p",
+            &port,
+        ],
+    );
+    // The server listens once it has bound its id; until then a connect is rejected (nobody
+    // listens at that port): try again, a bounded number of times.
+    let client_args = [
+        "rping",
+        "-c",
+        "-v",
+        "-V",
+        "-C",
+        &count_s,
+        "-a",
+        "127.0.0.1",
+        "-p",
+        &port,
+    ];
+    let mut attempt = 0;
+    let (cout, cerr) = loop {
+        attempt += 1;
+        let (cok, cout, cerr) = exec_in(&lab, b, &client_args).finish(Duration::from_secs(120));
+        if cok {
+            break (cout, cerr);
+        }
+        if attempt >= 20 || !(cerr.contains("REJECTED") || cerr.contains("UNREACHABLE")) {
+            let (_, sout, serr) = server.finish(Duration::from_secs(5));
+            panic!(
+                "rping client failed (attempt {attempt})\n--- client:\n{cout}\n{cerr}\n\
+                 --- server:\n{sout}\n{serr}"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let (sok, sout, serr) = server.finish(Duration::from_secs(60));
+    assert!(
+        sok,
+        "rping server failed\n--- server:\n{sout}\n{serr}\n--- client:\n{cout}\n{cerr}"
+    );
+    let client_lines: Vec<&str> = cout
+        .lines()
+        .filter(|l| l.starts_with("ping data: "))
+        .collect();
+    let server_lines: Vec<&str> = sout
+        .lines()
+        .filter(|l| l.starts_with("server ping data: "))
+        .collect();
+    let want_client: Vec<String> = (0..count)
+        .map(|i| format!("ping data: {}", rping_string(i)))
+        .collect();
+    let want_server: Vec<String> = (0..count)
+        .map(|i| format!("server ping data: {}", rping_string(i)))
+        .collect();
+    assert_eq!(client_lines, want_client, "client output:\n{cout}\n{cerr}");
+    assert_eq!(server_lines, want_server, "server output:\n{sout}\n{serr}");
+}
