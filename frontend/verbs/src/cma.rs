@@ -269,10 +269,17 @@ pub unsafe extern "C" fn vrdma_verbs_rdma_destroy_event_channel(ch: *mut rdma_ev
         }
         // SAFETY: from Box::into_raw in rdma_create_event_channel, destroyed once.
         let ch = unsafe { Box::from_raw(ch.cast::<Channel>()) };
-        for e in ch.q.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+        let Channel { rd, wr, q, .. } = *ch;
+        for e in q.into_inner().unwrap_or_else(|e| e.into_inner()) {
             // SAFETY: events queued by `push`, never handed out.
             drop(unsafe { Box::from_raw(e as *mut Event) });
         }
+        // The program's fd closes, as librdmacm's does. The write end stays open (one fd per
+        // destroyed channel): a thread still blocked in rdma_get_cm_event keeps blocking, as
+        // on librdmacm's closed fd, instead of reading EOF (rping destroys its channel while
+        // its event thread waits there, and exits).
+        drop(rd);
+        std::mem::forget(wr);
     })
 }
 
@@ -1030,6 +1037,152 @@ pub unsafe extern "C" fn vrdma_verbs_rdma_free_devices(list: *mut *mut ibv_conte
         }
         // SAFETY: from Box::into_raw of a boxed slice of n + 1 entries.
         drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(list, n + 1)) });
+    })
+}
+
+/// librdmacm's `struct rdma_addrinfo` (`<rdma/rdma_cma.h>`).
+#[repr(C)]
+pub struct rdma_addrinfo {
+    pub ai_flags: c_int,
+    pub ai_family: c_int,
+    pub ai_qp_type: c_int,
+    pub ai_port_space: c_int,
+    pub ai_src_len: u32,
+    pub ai_dst_len: u32,
+    pub ai_src_addr: *mut sockaddr,
+    pub ai_dst_addr: *mut sockaddr,
+    pub ai_src_canonname: *mut c_char,
+    pub ai_dst_canonname: *mut c_char,
+    pub ai_route_len: usize,
+    pub ai_route: *mut c_void,
+    pub ai_connect_len: usize,
+    pub ai_connect: *mut c_void,
+    pub ai_next: *mut rdma_addrinfo,
+}
+
+const RAI_PASSIVE: c_int = 1;
+
+/// `rdma_getaddrinfo`: the first address `getaddrinfo(3)` gives for `node`/`service` (no
+/// node: the unspecified address), as the source (`RAI_PASSIVE`) or the destination. The
+/// vrdma device needs no route: `ai_route` stays NULL.
+#[no_mangle]
+pub unsafe extern "C" fn vrdma_verbs_rdma_getaddrinfo(
+    node: *const c_char,
+    service: *const c_char,
+    hints: *const rdma_addrinfo,
+    res: *mut *mut rdma_addrinfo,
+) -> c_int {
+    guard(err(EIO), || {
+        if res.is_null() || (node.is_null() && service.is_null()) {
+            return err(EINVAL);
+        }
+        // SAFETY: the program's hints, if any.
+        let h = unsafe { hints.as_ref() };
+        let flags = h.map_or(0, |h| h.ai_flags);
+        // SAFETY: all-zero is a valid addrinfo hint block.
+        let mut ghints: libc::addrinfo = unsafe { std::mem::zeroed() };
+        ghints.ai_family = h.map_or(0, |h| h.ai_family);
+        ghints.ai_socktype = libc::SOCK_STREAM;
+        if flags & RAI_PASSIVE != 0 {
+            ghints.ai_flags = libc::AI_PASSIVE;
+        }
+        let mut gres: *mut libc::addrinfo = std::ptr::null_mut();
+        // SAFETY: NUL-terminated strings (or NULL) from the program; libc fills `gres`.
+        let rc = unsafe { libc::getaddrinfo(node, service, &ghints, &mut gres) };
+        if rc != 0 || gres.is_null() {
+            return err(ENODEV);
+        }
+        // SAFETY: a result list from getaddrinfo; its first entry's address.
+        let a = unsafe { sockaddr_of((*gres).ai_addr.cast()) };
+        // SAFETY: the list getaddrinfo gave.
+        unsafe { libc::freeaddrinfo(gres) };
+        let Some(a) = a else {
+            return err(EAFNOSUPPORT);
+        };
+        let sa = Box::into_raw(Box::new(sockaddr_to(a))).cast::<sockaddr>();
+        let len = if a.is_ipv4() {
+            size_of::<sockaddr_in>()
+        } else {
+            size_of::<sockaddr_in6>()
+        } as u32;
+        let passive = flags & RAI_PASSIVE != 0;
+        let ai = Box::new(rdma_addrinfo {
+            ai_flags: flags,
+            ai_family: if a.is_ipv4() {
+                libc::AF_INET
+            } else {
+                libc::AF_INET6
+            },
+            ai_qp_type: h.map_or(IBV_QPT_RC as c_int, |h| {
+                if h.ai_qp_type == 0 {
+                    IBV_QPT_RC as c_int
+                } else {
+                    h.ai_qp_type
+                }
+            }),
+            ai_port_space: h.map_or(RDMA_PS_TCP as c_int, |h| {
+                if h.ai_port_space == 0 {
+                    RDMA_PS_TCP as c_int
+                } else {
+                    h.ai_port_space
+                }
+            }),
+            ai_src_len: if passive { len } else { 0 },
+            ai_dst_len: if passive { 0 } else { len },
+            ai_src_addr: if passive { sa } else { std::ptr::null_mut() },
+            ai_dst_addr: if passive { std::ptr::null_mut() } else { sa },
+            ai_src_canonname: std::ptr::null_mut(),
+            ai_dst_canonname: std::ptr::null_mut(),
+            ai_route_len: 0,
+            ai_route: std::ptr::null_mut(),
+            ai_connect_len: 0,
+            ai_connect: std::ptr::null_mut(),
+            ai_next: std::ptr::null_mut(),
+        });
+        // SAFETY: the caller's out pointer.
+        unsafe { *res = Box::into_raw(ai) };
+        0
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn vrdma_verbs_rdma_freeaddrinfo(res: *mut rdma_addrinfo) {
+    guard((), || {
+        let mut p = res;
+        while !p.is_null() {
+            // SAFETY: from Box::into_raw in rdma_getaddrinfo, freed once.
+            let ai = unsafe { Box::from_raw(p) };
+            for sa in [ai.ai_src_addr, ai.ai_dst_addr] {
+                if !sa.is_null() {
+                    // SAFETY: a boxed `rdma_sockaddr` of rdma_getaddrinfo.
+                    drop(unsafe { Box::from_raw(sa.cast::<rdma_sockaddr>()) });
+                }
+            }
+            p = ai.ai_next;
+        }
+    })
+}
+
+/// `rdma_set_option`: the id-level options (`RDMA_OPTION_ID`: TOS, REUSEADDR, AFONLY,
+/// ACK_TIMEOUT) are accepted and have no effect (the backend chooses); others `ENOSYS`.
+#[no_mangle]
+pub unsafe extern "C" fn vrdma_verbs_rdma_set_option(
+    p: *mut rdma_cm_id,
+    level: c_int,
+    optname: c_int,
+    _optval: *mut c_void,
+    _optlen: usize,
+) -> c_int {
+    guard(err(EIO), || {
+        // SAFETY: C contract.
+        if unsafe { Id::of(p) }.is_none() {
+            return err(EINVAL);
+        }
+        if level == 0 && (0..=3).contains(&optname) {
+            0
+        } else {
+            err(ENOSYS)
+        }
     })
 }
 

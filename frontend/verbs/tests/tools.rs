@@ -462,3 +462,90 @@ fn rping_runs_between_two_guests() {
     assert_eq!(client_lines, want_client, "client output:\n{cout}\n{cerr}");
     assert_eq!(server_lines, want_server, "server output:\n{sout}\n{serr}");
 }
+
+/// The QP numbers of perftest's `local address: LID … QPN 0x… PSN …` and `remote address:`
+/// lines.
+fn perftest_qpns(out: &str) -> (Option<u32>, Option<u32>) {
+    let find = |tag: &str| {
+        out.lines()
+            .find(|l| l.trim_start().starts_with(tag))
+            .and_then(|l| l.split("QPN 0x").nth(1))
+            .and_then(|r| u32::from_str_radix(r.split_whitespace().next()?, 16).ok())
+    };
+    (find("local address:"), find("remote address:"))
+}
+
+/// Debian's perftest with `-R` (connection through librdmacm: rdma_getaddrinfo, listen,
+/// connect, accept) between two guests, 50 iterations: both ends print their result row.
+fn perftest_cm(tool: &str) {
+    if !have(tool, "perftest") {
+        return;
+    }
+    let mut lab = Lab::start(None).expect("start the simulated host and the backend");
+    let a = lab.create_guest("ptcm-server").expect("guest a");
+    let b = lab.create_guest("ptcm-client").expect("guest b");
+    let port = free_port().to_string();
+    let iters = "50";
+    let common = [tool, "-R", "-p", &port, "-n", iters];
+    let mut server = exec_in(&lab, a, &common);
+    let mut client_args = common.to_vec();
+    client_args.push("127.0.0.1");
+    // Until the server listens, a connect is rejected: try again, a bounded number of times.
+    let mut attempt = 0;
+    let (cout, cerr) = loop {
+        attempt += 1;
+        let (cok, cout, cerr) = exec_in(&lab, b, &client_args).finish(Duration::from_secs(120));
+        if cok {
+            break (cout, cerr);
+        }
+        if attempt >= 20 {
+            let (_, sout, serr) = server.finish(Duration::from_secs(5));
+            panic!(
+                "{tool} -R client failed (attempt {attempt})\n--- client:\n{cout}\n{cerr}\n\
+                 --- server:\n{sout}\n{serr}"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let (sok, sout, serr) = server.finish(Duration::from_secs(60));
+    assert!(
+        sok,
+        "{tool} -R server failed\n--- server:\n{sout}\n{serr}\n--- client:\n{cout}\n{cerr}"
+    );
+    // Each end names the other's QP (the connection the CM made).
+    let (cl, cr) = perftest_qpns(&cout);
+    let (sl, sr) = perftest_qpns(&sout);
+    assert!(
+        cl.is_some() && cl == sr && sl.is_some() && sl == cr,
+        "the ends do not name each other's QP:\n{cout}\n{sout}"
+    );
+    for (who, out) in [("client", &cout), ("server", &sout)] {
+        assert!(
+            out.contains("Data ex. method : rdma_cm"),
+            "{who} did not use rdma_cm:\n{out}"
+        );
+        let rows: Vec<&str> = out
+            .lines()
+            .skip_while(|l| !l.trim_start().starts_with("#bytes"))
+            .skip(1)
+            .take_while(|l| !l.starts_with("---"))
+            .collect();
+        assert!(
+            !rows.is_empty()
+                && rows
+                    .iter()
+                    .all(|r| r.split_whitespace().nth(1) == Some(iters)),
+            "{who} printed no result rows for {iters} iterations:\n{out}"
+        );
+    }
+}
+
+#[test]
+fn perftest_send_lat_through_rdma_cm() {
+    perftest_cm("ib_send_lat");
+}
+
+#[test]
+fn perftest_write_bw_through_rdma_cm() {
+    perftest_cm("ib_write_bw");
+}
