@@ -48,25 +48,34 @@ impl Qp {
         (!p.is_null()).then(|| unsafe { &*p.cast::<Qp>() })
     }
 
-    /// rdma_connect: connects through the connection manager (blocks until the outcome).
+    /// rdma_connect: connects through the connection manager (blocks until the outcome; the
+    /// QP stays free for posting receives meanwhile).
     pub(crate) fn cm_connect(
         &self,
         peer: std::net::SocketAddr,
         private_data: &[u8],
         timeout: std::time::Duration,
     ) -> vrdma::Result<vrdma::CmInfo> {
-        let mut q = self.vr.lock().unwrap_or_else(|e| e.into_inner());
-        q.connect_to(peer, private_data, timeout)
+        let conn = self
+            .vr
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .connector();
+        conn.connect_to(peer, private_data, timeout)
     }
 
-    /// rdma_accept: accepts `req` on this QP (blocks until established).
+    /// rdma_accept: accepts `req` on this QP (blocks until established; the QP stays free).
     pub(crate) fn cm_accept(
         &self,
         req: vrdma::ConnRequest,
         private_data: &[u8],
     ) -> vrdma::Result<vrdma::CmInfo> {
-        let mut q = self.vr.lock().unwrap_or_else(|e| e.into_inner());
-        req.accept(&mut q, private_data)
+        let conn = self
+            .vr
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .connector();
+        req.accept_with(&conn, private_data)
     }
 
     /// The connection manager established the QP's connection: it is in RTS, and its
