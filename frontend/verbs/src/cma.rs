@@ -337,6 +337,23 @@ pub unsafe extern "C" fn vrdma_verbs_rdma_destroy_id(p: *mut rdma_cm_id) -> c_in
         for t in listener.into_iter().chain(threads) {
             let _ = t.join();
         }
+        // Events of this id not yet handed out go (their bytes in the pipe are skipped).
+        // SAFETY: a live id; its channel is live (the program destroys ids first).
+        let chp = unsafe { (*p).channel };
+        if !chp.is_null() {
+            // SAFETY: channels of ids are this library's.
+            let ch = unsafe { &*chp.cast::<Channel>() };
+            ch.q.lock().unwrap_or_else(|e| e.into_inner()).retain(|&e| {
+                // SAFETY: queued events are live until handed out.
+                let ev = unsafe { &(*(e as *const Event)).ev };
+                let mine = ev.id == p || ev.listen_id == p;
+                if mine {
+                    // SAFETY: from Box::into_raw in `push`, never handed out.
+                    drop(unsafe { Box::from_raw(e as *mut Event) });
+                }
+                !mine
+            });
+        }
         // SAFETY: from Box::into_raw in rdma_create_id (or the listen thread), destroyed once.
         drop(unsafe { Box::from_raw(p.cast::<Id>()) });
         0
@@ -939,17 +956,18 @@ pub unsafe extern "C" fn vrdma_verbs_rdma_get_cm_event(
         // SAFETY: C contract: a channel of ours.
         let ch = unsafe { &*ch.cast::<Channel>() };
         // One byte per event: blocks until one is queued (EAGAIN on a non-blocking fd).
+        // A byte whose event went with its id (rdma_destroy_id) is skipped.
         let mut b = [0u8; 1];
-        loop {
+        let e = loop {
             match rustix::io::read(&ch.rd, &mut b) {
-                Ok(1) => break,
+                Ok(1) => {}
                 Ok(_) => return err(ENODEV),
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(e) => return err(e.raw_os_error()),
             }
-        }
-        let Some(e) = ch.q.lock().unwrap_or_else(|e| e.into_inner()).pop_front() else {
-            return err(EAGAIN);
+            if let Some(e) = ch.q.lock().unwrap_or_else(|e| e.into_inner()).pop_front() {
+                break e;
+            }
         };
         let e = e as *mut Event;
         // SAFETY: the event's id is live (the program destroys ids after their events); the
@@ -1301,7 +1319,34 @@ mod tests {
             );
             assert_eq!(vrdma_verbs_rdma_ack_cm_event(e), 0);
             assert_eq!(libc::poll(&mut pfd, 1, 0), 0, "no event left");
+            // Events of a destroyed id are not handed out; the next id's are.
+            let mut id2 = std::ptr::null_mut();
+            assert_eq!(
+                vrdma_verbs_rdma_create_id(ch, &mut id2, std::ptr::null_mut(), RDMA_PS_TCP),
+                0
+            );
+            push(
+                id,
+                std::ptr::null_mut(),
+                RDMA_CM_EVENT_DISCONNECTED,
+                0,
+                &[],
+                (0, 0),
+            );
             assert_eq!(vrdma_verbs_rdma_destroy_id(id), 0);
+            push(
+                id2,
+                std::ptr::null_mut(),
+                RDMA_CM_EVENT_ESTABLISHED,
+                0,
+                &[],
+                (0, 0),
+            );
+            assert_eq!(vrdma_verbs_rdma_get_cm_event(ch, &mut e), 0);
+            assert_eq!((*e).id, id2);
+            assert_eq!((*e).event, RDMA_CM_EVENT_ESTABLISHED);
+            assert_eq!(vrdma_verbs_rdma_ack_cm_event(e), 0);
+            assert_eq!(vrdma_verbs_rdma_destroy_id(id2), 0);
             vrdma_verbs_rdma_destroy_event_channel(ch);
         }
     }
