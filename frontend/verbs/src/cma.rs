@@ -85,8 +85,15 @@ impl Id {
     /// # Safety
     /// `p` must be NULL or a live id of this library.
     unsafe fn of<'a>(p: *mut rdma_cm_id) -> Option<&'a Id> {
+        // A misaligned pointer is no id of ours (an error, not an abort).
+        if p.is_null() || (p as usize) % align_of::<Id>() != 0 {
+            if !p.is_null() && std::env::var_os("VRDMA_VERBS_LOG").is_some() {
+                eprintln!("vrdma-verbs: rdma_cm: {p:?} is not a CM id");
+            }
+            return None;
+        }
         // SAFETY: the caller's contract.
-        (!p.is_null()).then(|| unsafe { &*p.cast::<Id>() })
+        Some(unsafe { &*p.cast::<Id>() })
     }
 }
 
