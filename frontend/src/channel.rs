@@ -654,6 +654,18 @@ impl Channel {
         }
     }
 
+    /// Every pending event `pred` picks (the others stay).
+    pub(crate) fn take_events_where(
+        &self,
+        pred: &dyn Fn(&AsyncEvent) -> bool,
+    ) -> Result<Vec<AsyncEvent>> {
+        self.pump_events()?;
+        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let (take, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut *p).into_iter().partition(pred);
+        *p = keep;
+        Ok(take)
+    }
+
     /// Every event received since the last call.
     pub(crate) fn take_events(&self) -> Result<Vec<AsyncEvent>> {
         self.pump_events()?;

@@ -37,7 +37,7 @@ use xen_platform::Access;
 
 use crate::context::{Context, CtxInner};
 use crate::error::{Error, Result};
-use crate::qp::QueuePair;
+use crate::qp::{QpConnector, QueuePair};
 use crate::AsyncEvent;
 
 /// Most private data bytes a connect, accept or reject carries.
@@ -372,8 +372,18 @@ impl ConnRequest {
 
     /// Accepts the connection on `qp` (not connected yet) with `private_data` for the peer,
     /// and waits (up to the context's control timeout) until it is established.
-    pub fn accept(mut self, qp: &mut QueuePair, private_data: &[u8]) -> Result<CmInfo> {
-        if !std::ptr::eq(qp.ctx_inner(), &*self.ctx) {
+    pub fn accept(self, qp: &mut QueuePair, private_data: &[u8]) -> Result<CmInfo> {
+        self.accept_on(qp.ctx_inner(), qp.handle(), private_data)
+    }
+
+    /// [`ConnRequest::accept`] through the QP's [`QpConnector`]: the QP itself stays free for
+    /// other threads (posting receives) while this waits.
+    pub fn accept_with(self, qp: &QpConnector, private_data: &[u8]) -> Result<CmInfo> {
+        self.accept_on(qp.ctx_inner(), qp.handle(), private_data)
+    }
+
+    fn accept_on(mut self, ctx: &CtxInner, handle: u32, private_data: &[u8]) -> Result<CmInfo> {
+        if !std::ptr::eq(ctx, &*self.ctx) {
             return Err(Error::InvalidArgument(
                 "the QP belongs to another context than the listener".into(),
             ));
@@ -381,13 +391,13 @@ impl ConnRequest {
         let (slot, private) = stage(&self.ctx, private_data)?;
         self.ctx.chan.call(Request::Accept {
             request: self.id,
-            qp: qp.handle(),
+            qp: handle,
             private,
         })?;
         drop(slot);
         self.answered = true;
         let timeout = self.ctx.chan.control.timeout();
-        wait_established(&self.ctx, qp.handle(), self.info.peer, Some(timeout))
+        wait_established(&self.ctx, handle, self.info.peer, Some(timeout))
     }
 
     /// Refuses the connection, with `private_data` for the peer.
@@ -455,6 +465,44 @@ fn wait_established(
     }
 }
 
+/// `Connect` of QP `handle` to a listener at `peer`, waiting for the outcome.
+fn connect_qp(
+    ctx: &CtxInner,
+    handle: u32,
+    peer: SocketAddr,
+    private_data: &[u8],
+    timeout: Duration,
+) -> Result<CmInfo> {
+    let (slot, private) = stage(ctx, private_data)?;
+
+    ctx.chan.call(Request::Connect {
+        qp: handle,
+        port: peer.port(),
+        addr: addr_bytes(peer.ip()),
+        remote_qpn: 0,
+        private,
+    })?;
+    drop(slot);
+    let r = wait_established(ctx, handle, peer, Some(timeout));
+    if matches!(r, Err(Error::Timeout { .. })) {
+        let _ = ctx.chan.call(Request::Disconnect { qp: handle });
+    }
+    r
+}
+
+impl QpConnector {
+    /// [`QueuePair::connect_to`] through the QP's connector: the QP itself stays free for other
+    /// threads (posting receives) while this waits.
+    pub fn connect_to(
+        &self,
+        peer: SocketAddr,
+        private_data: &[u8],
+        timeout: Duration,
+    ) -> Result<CmInfo> {
+        connect_qp(self.ctx_inner(), self.handle(), peer, private_data, timeout)
+    }
+}
+
 impl QueuePair {
     /// Connects this QP (not connected yet) to a listener at `peer` with `private_data`, and
     /// waits up to `timeout` for the outcome: the connection's [`CmInfo`] (with the peer's
@@ -467,22 +515,7 @@ impl QueuePair {
         private_data: &[u8],
         timeout: Duration,
     ) -> Result<CmInfo> {
-        let ctx = self.ctx_inner();
-        let handle = self.handle();
-        let (slot, private) = stage(ctx, private_data)?;
-        ctx.chan.call(Request::Connect {
-            qp: handle,
-            port: peer.port(),
-            addr: addr_bytes(peer.ip()),
-            remote_qpn: 0,
-            private,
-        })?;
-        drop(slot);
-        let r = wait_established(ctx, handle, peer, Some(timeout));
-        if matches!(r, Err(Error::Timeout { .. })) {
-            let _ = ctx.chan.call(Request::Disconnect { qp: handle });
-        }
-        r
+        connect_qp(self.ctx_inner(), self.handle(), peer, private_data, timeout)
     }
 
     /// Ends the QP's connection (or abandons its connect): the QP goes to Error (its work

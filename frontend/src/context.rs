@@ -245,6 +245,28 @@ impl Context {
         self.inner.chan.take_events()
     }
 
+    /// The pending asynchronous events `pred` picks; the others stay for other callers (the
+    /// connection-management calls wait for theirs: a watcher of its own events uses this
+    /// rather than [`Context::async_events`]).
+    pub fn async_events_where(
+        &self,
+        pred: impl Fn(&AsyncEvent) -> bool,
+    ) -> Result<Vec<AsyncEvent>> {
+        self.inner.chan.take_events_where(&pred)
+    }
+
+    /// Waits up to `timeout` for an asynchronous event `pred` picks, and takes it; `None` when
+    /// none came in time.
+    pub fn wait_async_event(
+        &self,
+        pred: impl Fn(&AsyncEvent) -> bool,
+        timeout: Duration,
+    ) -> Result<Option<AsyncEvent>> {
+        self.inner
+            .chan
+            .wait_event(&pred, Some(std::time::Instant::now() + timeout))
+    }
+
     /// The platform the channel runs on (grants, for callers that bring their own pages:
     /// [`ProtectionDomain::reg_grants`]).
     pub fn platform(&self) -> &Platform {

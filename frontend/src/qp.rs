@@ -242,6 +242,15 @@ pub struct QpConnector {
 }
 
 impl QpConnector {
+    pub(crate) fn ctx_inner(&self) -> &CtxInner {
+        self.shared.ctx()
+    }
+
+    /// The QP's handle.
+    pub(crate) fn handle(&self) -> u32 {
+        self.shared.handle
+    }
+
     /// Same as [`QueuePair::connect`].
     pub fn connect(&self, remote: &QpEndpoint) -> Result<()> {
         let chan = &self.shared.ctx().chan;

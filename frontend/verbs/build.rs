@@ -1,4 +1,4 @@
-//! Symbol versions: libibverbs.so.1 exports `ibv_open_device@@IBVERBS_1.1` etc., and programs
+//! Symbol versions: libibverbs.so.1 (and librdmacm.so.1, `RDMACM_1.x`) exports `ibv_open_device@@IBVERBS_1.1` etc., and programs
 //! linked against it ask for those exact versions. `exports.txt` lists the symbols this library
 //! defines; this writes the version script (the version nodes) and the `.symver` directives
 //! that give each Rust function `vrdma_verbs_<name>` (through a one-jump stub) the public name
@@ -29,6 +29,10 @@ fn main() {
         "IBVERBS_1.13",
         "IBVERBS_1.14",
         "IBVERBS_PRIVATE_34",
+        "RDMACM_1.0",
+        "RDMACM_1.1",
+        "RDMACM_1.2",
+        "RDMACM_1.3",
     ];
     let mut by_ver: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     let mut symver = String::from(".text\n");
@@ -61,8 +65,17 @@ fn main() {
                 writeln!(map, "    {n};").unwrap();
             }
         }
+        // A public node inherits the previous one of its library; the private node and the
+        // first of librdmacm's inherit nothing.
+        let family = |n: &str| n.split('_').next().map(str::to_owned);
         match prev {
-            Some(p) if v != "IBVERBS_PRIVATE_34" => writeln!(map, "}} {p};").unwrap(),
+            Some(p)
+                if v != "IBVERBS_PRIVATE_34"
+                    && p != "IBVERBS_PRIVATE_34"
+                    && family(p) == family(v) =>
+            {
+                writeln!(map, "}} {p};").unwrap()
+            }
             _ => writeln!(map, "}};").unwrap(),
         }
         prev = Some(v);

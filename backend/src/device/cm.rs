@@ -495,8 +495,11 @@ impl SoftDevice {
                     b.peer = Some(Arc::downgrade(&iq));
                 }
                 drop(t);
+                // Both QPs are in RTS before either end hears of it: an end that sends as soon
+                // as it is established must find its peer ready (not RetryExceeded).
+                iq.set_state(QpState::Rts);
+                q.set_state(QpState::Rts);
                 for (a, b) in [(&iq, &q), (&q, &iq)] {
-                    a.set_state(QpState::Rts);
                     a.ch.event(EventKind::QpEstablished, a.num.0, u64::from(b.num.0));
                     a.ch.engine.wake();
                 }

@@ -94,6 +94,9 @@ pub(crate) struct Watch {
     /// Asynchronous events for `ibv_get_async_event`, once a program asked for one.
     pub events: AsyncEvents,
     events_wanted: AtomicBool,
+    /// Set once the rdma_cm part (`cma.rs`) uses this context: the connection manager's
+    /// events are then left for it (it waits for them), not taken and dropped here.
+    pub cm_active: AtomicBool,
 }
 
 /// The backend's asynchronous events that libibverbs has an equivalent for, queued for
@@ -117,6 +120,7 @@ impl Watch {
                 wr,
             },
             events_wanted: AtomicBool::new(false),
+            cm_active: AtomicBool::new(false),
         })
     }
 
@@ -129,10 +133,25 @@ impl Watch {
 
     /// Moves the backend's events with a libibverbs equivalent into the queue. QP
     /// disconnection has none (on InfiniBand a peer's going away raises no event), nor have
-    /// the connection manager's events (librdmacm's).
+    /// the connection manager's events (librdmacm's: left pending once `cm_active`).
     fn pump_events(&self) {
         use vrdma::EventKind as K;
-        let got = match self.ctx.async_events() {
+        let got = if self.cm_active.load(Ordering::Acquire) {
+            // Connection requests, outcomes of connects and accepts, disconnections: the CM's.
+            self.ctx.async_events_where(|e| {
+                !matches!(
+                    e.kind,
+                    K::ConnectRequest
+                        | K::QpEstablished
+                        | K::ConnectRejected
+                        | K::ConnectUnreachable
+                        | K::QpDisconnected
+                )
+            })
+        } else {
+            self.ctx.async_events()
+        };
+        let got = match got {
             Ok(v) => v,
             Err(_) => vec![vrdma::AsyncEvent {
                 kind: K::DeviceLost,

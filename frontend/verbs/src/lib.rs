@@ -8,6 +8,9 @@
 //! jump through `ibv_context::ops`; `ibv_query_port` and `ibv_query_device_ex` look at
 //! `struct verbs_context` in front of the `ibv_context` (see [`device`]). See docs/verbs.md.
 //!
+//! It also carries librdmacm's `rdma_*` calls (`RDMACM_1.0`…, [`cma`]) over `vrdma`'s
+//! connection manager, so rping and perftest `-R` find the same device.
+//!
 //! Every entry point runs under [`guard`]: a panic never unwinds into C; it becomes the
 //! entry point's error value (errno `EIO`).
 
@@ -17,6 +20,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+mod cma;
 mod cq;
 mod device;
 mod memory;
@@ -29,7 +33,10 @@ mod qp;
 std::arch::global_asm!(include_str!(concat!(env!("OUT_DIR"), "/symver.s")));
 
 pub(crate) mod errno {
-    pub use libc::{EAGAIN, EFAULT, EINVAL, EIO, ENODEV, ENOENT, ENOMEM, EOPNOTSUPP, EPERM};
+    pub use libc::{
+        EADDRINUSE, EAFNOSUPPORT, EAGAIN, EFAULT, EINVAL, EIO, ENODEV, ENOENT, ENOMEM, ENOSYS,
+        EOPNOTSUPP, EPERM,
+    };
 }
 
 /// Sets the calling thread's `errno`.

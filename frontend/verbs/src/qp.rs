@@ -43,9 +43,60 @@ impl Qp {
 impl Qp {
     /// # Safety
     /// `p` must be NULL or a live QP of this library.
-    unsafe fn of<'a>(p: *mut ibv_qp) -> Option<&'a Qp> {
+    pub(crate) unsafe fn of<'a>(p: *mut ibv_qp) -> Option<&'a Qp> {
         // SAFETY: the caller's contract.
         (!p.is_null()).then(|| unsafe { &*p.cast::<Qp>() })
+    }
+
+    /// rdma_connect: connects through the connection manager (blocks until the outcome; the
+    /// QP stays free for posting receives meanwhile).
+    pub(crate) fn cm_connect(
+        &self,
+        peer: std::net::SocketAddr,
+        private_data: &[u8],
+        timeout: std::time::Duration,
+    ) -> vrdma::Result<vrdma::CmInfo> {
+        let conn = self
+            .vr
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .connector();
+        conn.connect_to(peer, private_data, timeout)
+    }
+
+    /// rdma_accept: accepts `req` on this QP (blocks until established; the QP stays free).
+    pub(crate) fn cm_accept(
+        &self,
+        req: vrdma::ConnRequest,
+        private_data: &[u8],
+    ) -> vrdma::Result<vrdma::CmInfo> {
+        let conn = self
+            .vr
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .connector();
+        req.accept_with(&conn, private_data)
+    }
+
+    /// The connection manager established the QP's connection: it is in RTS, and its
+    /// flushed receives are passed on when the connection ends (rdma_cm programs wait for
+    /// them, as after a disconnect on a real device).
+    ///
+    /// # Safety
+    /// `p` must be this QP's own pointer.
+    pub(crate) unsafe fn cm_established(&self, p: *mut ibv_qp) {
+        let mut cur = self.attr.lock().unwrap_or_else(|e| e.into_inner());
+        cur.qp_state = IBV_QPS_RTS;
+        cur.cur_qp_state = IBV_QPS_RTS;
+        // SAFETY: the QP's context is live while the QP is.
+        if let Some(ctx) = unsafe { Ctx::of(self.qp.context) } {
+            ctx.flushing
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(self.qp.qp_num);
+        }
+        // SAFETY: the caller's contract; `state` is libibverbs' public field.
+        unsafe { (*p).state = IBV_QPS_RTS };
     }
 }
 

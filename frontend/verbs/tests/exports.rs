@@ -4,13 +4,16 @@
 //! A program linked against Debian's library asks for exactly those; a wrong version would
 //! bind it to Debian's function with this library's objects (a crash).
 //!
-//! Needs `objdump` (binutils) and `libibverbs1` (scripts/host-packages.txt).
+//! The same holds for librdmacm's calls (`RDMACM_1.x`) against Debian's librdmacm.so.1.
+//!
+//! Needs `objdump` (binutils), `libibverbs1` and `librdmacm1` (scripts/host-packages.txt).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const LIBIBVERBS: &str = "/usr/lib/x86_64-linux-gnu/libibverbs.so.1";
+const LIBRDMACM: &str = "/usr/lib/x86_64-linux-gnu/librdmacm.so.1";
 
 /// Default-version dynamic symbols of `lib`: name → version (`objdump -T`, lines whose
 /// version is not parenthesized, i.e. not hidden).
@@ -71,7 +74,13 @@ fn symbol_versions_are_libibverbs_ones() {
     assert!(wanted.len() > 50, "exports.txt lists the entry points");
     let ours = exports(&built_lib());
     let debian = exports(Path::new(LIBIBVERBS));
+    let debian_cm = exports(Path::new(LIBRDMACM));
     for (name, ver) in wanted {
+        let (debian, lib) = if ver.starts_with("RDMACM_") {
+            (&debian_cm, "librdmacm.so.1")
+        } else {
+            (&debian, "libibverbs.so.1")
+        };
         assert_eq!(
             ours.get(name).map(String::as_str),
             Some(ver),
@@ -80,7 +89,7 @@ fn symbol_versions_are_libibverbs_ones() {
         assert_eq!(
             debian.get(name).map(String::as_str),
             Some(ver),
-            "Debian's libibverbs.so.1 exports {name} with another default version"
+            "Debian's {lib} exports {name} with another default version"
         );
     }
     // What verbs programs call most is among them.
@@ -95,6 +104,9 @@ fn symbol_versions_are_libibverbs_ones() {
         "ibv_modify_qp",
         "ibv_get_cq_event",
         "ibv_query_gid_type",
+        "rdma_create_id",
+        "rdma_connect",
+        "rdma_get_cm_event",
     ] {
         assert!(ours.contains_key(must), "{must} not exported");
     }
