@@ -427,6 +427,18 @@ impl Qp {
         self.state.store(s as u32, Ordering::Release);
     }
 
+    /// Control path: moves the QP forward to `to` (Reset, Init, Rtr, Rts in that order), never
+    /// back and never out of Error: an engine may have moved it on meanwhile. `true` if this
+    /// call moved it.
+    pub(crate) fn advance(&self, to: QpState) -> bool {
+        self.state
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                let now = state_from(v);
+                (now != QpState::Error && (now as u32) < (to as u32)).then_some(to as u32)
+            })
+            .is_ok()
+    }
+
     /// Moves the QP to Error (once): the owning engine flushes its queues on its next pass.
     /// `event` is sent to the QP's channel when this call made the transition.
     pub(crate) fn fail(&self, event: Option<EventKind>) -> bool {

@@ -1063,13 +1063,37 @@ impl Inner {
         drop(s);
         let _ = q.remote.set(remote);
         drop(t);
+        // From here the engine runs the stream (it finds `remote` on its next pass, woken by
+        // the socket's events): a responder's engine may already have read the initiator's
+        // RTR and moved the QP from Rtr to Rts (with `QpEstablished`), or any engine may have
+        // failed it. The state only moves forward here: storing Rtr over that Rts left the QP
+        // unable to send for good (its peer's traffic still flowed in).
+        #[cfg(test)]
+        AFTER_HANDOVER.with(|h| {
+            if let Some(f) = h.borrow().as_ref() {
+                f(&q);
+            }
+        });
         if ready {
-            q.set_state(QpState::Rts);
-            q.ch.event(EventKind::QpEstablished, qp.0, 0);
+            if q.advance(QpState::Rts) {
+                q.ch.event(EventKind::QpEstablished, qp.0, 0);
+            }
         } else {
-            q.set_state(QpState::Rtr);
+            q.advance(QpState::Rtr);
         }
         q.ch.engine.changed();
         Ok(())
     }
+}
+
+/// A hook called by [`Inner::attach_stream`] on the calling thread; see [`AFTER_HANDOVER`].
+#[cfg(test)]
+pub(crate) type HandoverHook = Box<dyn Fn(&Qp)>;
+
+#[cfg(test)]
+thread_local! {
+    /// Test support: runs in [`Inner::attach_stream`] between handing the stream to the engine
+    /// and the QP's state step, so a test can let the engine act on the stream first.
+    pub(crate) static AFTER_HANDOVER: std::cell::RefCell<Option<HandoverHook>> =
+        const { std::cell::RefCell::new(None) };
 }

@@ -6,6 +6,8 @@
 //! The two halves meet at [`Established`]: connection setup ends with a TCP stream in MPA Full
 //! Operation and the parameters both ends agreed on; the data path runs a QP over it.
 
+#[cfg(test)]
+mod attach_tests;
 pub(crate) mod cm;
 #[cfg(test)]
 mod cm_tests;

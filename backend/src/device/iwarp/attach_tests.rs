@@ -1,0 +1,105 @@
+//! `attach_stream` against an engine that acts on the stream at once: the race between the
+//! connection manager's state step and a responder's engine reading the initiator's RTR.
+
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use shared_ring::abi::control::{access, QpState};
+use shared_ring::abi::cqe::{CqeOpcode, CqeStatus};
+use shared_ring::abi::event::EventKind;
+use shared_ring::abi::wqe::WqeOpcode;
+
+use super::{Established, Role, Rtr};
+use crate::device::soft::AFTER_HANDOVER;
+use crate::device::testkit::{wqe, TestChannel, HANG};
+use crate::device::{ChannelMode, Device, EngineConfig, SoftDevice};
+
+const IO_TIMEOUT: Duration = Duration::from_secs(20);
+
+fn est(stream: TcpStream, role: Role) -> Established {
+    Established {
+        local: stream.local_addr().expect("local"),
+        peer: stream.peer_addr().expect("peer"),
+        stream,
+        role,
+        crc: true,
+        ird: 8,
+        ord: 8,
+        rtr: Rtr::Write,
+        peer_private: Vec::new(),
+    }
+}
+
+/// The responder's engine reads the initiator's RTR (Rtr → Rts, `QpEstablished`) before
+/// `attach_stream` takes its state step — the order a busy host gives when the connection
+/// manager's thread is preempted right after handing the stream over. The QP must stay in
+/// Rts and send: the old step stored Rtr over the Rts, and every SEND of the responder then
+/// waited forever while the initiator's traffic still came in (the interhost tshark test's
+/// "no completion of the SEND of 1 B" on host B's guest).
+#[test]
+fn a_responder_whose_engine_read_the_rtr_during_attach_stays_in_rts_and_sends() {
+    let da = SoftDevice::new(EngineConfig::default()).expect("device A");
+    let db = SoftDevice::new(EngineConfig::default()).expect("device B");
+    let mut ca = TestChannel::open(&da, 1, ChannelMode::Bypass);
+    let mut cb = TestChannel::open(&db, 1, ChannelMode::Bypass);
+    let mut cqa = ca.cq(&da, 8);
+    let mut cqb = cb.cq(&db, 8);
+    let mut a = ca.qp(&da, &cqa, &cqa, 4);
+    let mut b = cb.qp(&db, &cqb, &cqb, 4);
+    let ma = ca.mr(&da, 4096, access::ALL);
+    let mb = cb.mr(&db, 4096, access::ALL);
+
+    let l = TcpListener::bind("127.0.0.1:0").expect("listen");
+    let client =
+        TcpStream::connect_timeout(&l.local_addr().expect("addr"), IO_TIMEOUT).expect("connect");
+    let (server, _) = l.accept().expect("accept");
+    for s in [&client, &server] {
+        s.set_read_timeout(Some(IO_TIMEOUT)).expect("timeout");
+        s.set_write_timeout(Some(IO_TIMEOUT)).expect("timeout");
+    }
+    // The initiator first: its engine sends the RTR, which waits in the responder's socket.
+    da.attach_stream(ca.id, a.num, est(client, Role::Initiator))
+        .expect("attach initiator");
+
+    AFTER_HANDOVER.with(|h| {
+        *h.borrow_mut() = Some(Box::new(|q| {
+            // Where the connection manager's accept left the QP.
+            q.set_state(QpState::Rtr);
+            let start = Instant::now();
+            while q.state() != QpState::Rts {
+                assert!(start.elapsed() < HANG, "the engine never read the RTR");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }));
+    });
+    let attached = db.attach_stream(cb.id, b.num, est(server, Role::Responder));
+    AFTER_HANDOVER.with(|h| *h.borrow_mut() = None);
+    attached.expect("attach responder");
+    assert_eq!(db.qp_state(cb.id, b.num).expect("state"), QpState::Rts);
+    let start = Instant::now();
+    while !cb
+        .take_events()
+        .iter()
+        .any(|e| e.kind == EventKind::QpEstablished)
+    {
+        assert!(start.elapsed() < HANG, "no QpEstablished at the responder");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+
+    // The responder sends.
+    ma.fill(0, &[0; 1]);
+    mb.fill(0, &[0x5a]);
+    a.post_recv(&da, 7, &[ma.sge(0, 1)]);
+    b.post_send(&db, &wqe(WqeOpcode::Send, 8, &[mb.sge(0, 1)], (0, 0), 0));
+    let s = cqb.wait(&db);
+    assert_eq!(
+        (s.wr_id, s.opcode, s.status),
+        (8, CqeOpcode::Send, CqeStatus::Success)
+    );
+    let r = cqa.wait(&da);
+    assert_eq!(
+        (r.wr_id, r.opcode, r.status, r.byte_len),
+        (7, CqeOpcode::Recv, CqeStatus::Success, 1)
+    );
+    assert_eq!(ma.read(0, 1), [0x5a]);
+}
