@@ -65,6 +65,10 @@ fn a_responder_whose_engine_read_the_rtr_during_attach_stays_in_rts_and_sends() 
         *h.borrow_mut() = Some(Box::new(|q| {
             // Where the connection manager's accept left the QP.
             q.set_state(QpState::Rtr);
+            // The engine picks up the handed-over stream on its next socket-map rebuild,
+            // which a generation change triggers (attach_stream's own `changed()` comes
+            // after this hook).
+            q.ch.engine.changed();
             let start = Instant::now();
             while q.state() != QpState::Rts {
                 assert!(start.elapsed() < HANG, "the engine never read the RTR");
