@@ -14,10 +14,9 @@
 //! off). Without `tshark` that test fails unless `VRDMA_SKIP_TSHARK=1`.
 
 use std::net::{SocketAddr, SocketAddrV4};
-use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
+use tshark_support::tshark::{self, dissect, expert, TempPcap};
 use vrdma_tests::pcap::{Capture, Unit};
 use vrdma_tests::proxy::{Dir, Fault, Proxy};
 use vrdma_tests::{Guest, Lab, TwoHosts, Wc};
@@ -618,87 +617,6 @@ fn a_stalled_connection_fails_at_the_tcp_timeout() {
     assert_no_leak(&mut hosts, base, vec![(true, a), (false, b)]);
 }
 
-fn tshark_present() -> bool {
-    Command::new("tshark")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-/// Options of every tshark run (as `iwarp-proto/tests/tshark.rs`): the payloads are test
-/// patterns, so the heuristic ULP dissectors on iWARP payloads (RPC-over-RDMA, SMB Direct)
-/// are off — they would judge the pattern, not the framing.
-const TSHARK_OPTIONS: [&str; 7] = [
-    "-n",
-    "--disable-protocol",
-    "rpcordma",
-    "--disable-protocol",
-    "smb_direct",
-    "-o",
-    "tcp.check_checksum:TRUE",
-];
-
-/// `tshark -V` of a capture, one string per frame (index 0 = frame 1).
-fn dissect(path: &Path) -> Vec<String> {
-    let out = Command::new("tshark")
-        .args(TSHARK_OPTIONS)
-        .arg("-r")
-        .arg(path)
-        .arg("-V")
-        .output()
-        .expect("run tshark");
-    assert!(
-        out.status.success(),
-        "tshark: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mut frames: Vec<String> = Vec::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        if line.starts_with("Frame ") && line.contains(" bytes on wire") {
-            frames.push(String::new());
-        }
-        if let Some(f) = frames.last_mut() {
-            f.push_str(line);
-            f.push('\n');
-        }
-    }
-    frames
-}
-
-/// Expert infos and malformed marks: (frame, severity, message).
-fn expert(path: &Path) -> Vec<(usize, String, String)> {
-    let out = Command::new("tshark")
-        .args(TSHARK_OPTIONS)
-        .arg("-r")
-        .arg(path)
-        .args([
-            "-T",
-            "fields",
-            "-e",
-            "frame.number",
-            "-e",
-            "_ws.expert.severity",
-        ])
-        .args(["-e", "_ws.expert.message", "-e", "_ws.malformed"])
-        .output()
-        .expect("run tshark");
-    assert!(out.status.success());
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|line| {
-            let c: Vec<&str> = line.split('\t').collect();
-            let (sev, msg, bad) = (c.get(1)?, c.get(2).unwrap_or(&""), c.get(3).unwrap_or(&""));
-            (!sev.is_empty() || !bad.is_empty()).then(|| {
-                (
-                    c[0].parse().unwrap(),
-                    sev.to_string(),
-                    format!("{msg} {bad}"),
-                )
-            })
-        })
-        .collect()
-}
-
 /// A run between the hosts through a recording proxy (MPA `crc` policy on both backends):
 /// SEND, WRITE and READ of 1 B, 4 KiB and 256 KiB each way, then a disconnect. Returns the
 /// capture of the one connection.
@@ -737,47 +655,14 @@ fn recorded_run(crc: &str) -> Capture {
     cap
 }
 
-/// Skips (loudly) when tshark is missing and `VRDMA_SKIP_TSHARK=1`; fails when it is missing
-/// otherwise.
-fn need_tshark(test: &str) -> bool {
-    if tshark_present() {
-        return true;
-    }
-    if std::env::var("VRDMA_SKIP_TSHARK").as_deref() == Ok("1") {
-        eprintln!(
-            "\n!!!!! {test} DID NOT RUN: tshark is not installed and VRDMA_SKIP_TSHARK=1 !!!!!\n"
-        );
-        return false;
-    }
-    panic!(
-        "tshark not found: install it (`apt-get install tshark`, listed in \
-         scripts/host-packages.txt) or set VRDMA_SKIP_TSHARK=1 to skip this check"
-    );
-}
-
-/// A capture file removed when dropped.
-struct TempPcap(std::path::PathBuf);
-
-impl Drop for TempPcap {
-    fn drop(&mut self) {
-        if std::env::var_os("VRDMA_KEEP_PCAP").is_none() {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
-}
-
 /// Checks a recorded run with tshark: every frame read, the MPA request and reply dissected,
 /// every FPDU `iwarp_mpa` + `iwarp_ddp_rdmap` with a good CRC (`crc`) or a zero, unchecked
 /// CRC field (not `crc`), no malformed frame, no expert error, warnings only on the MPA
 /// frames (Wireshark calls the Enhanced flag reserved); SEND, WRITE, Read Request and Read
 /// Response all present.
 fn check_with_tshark(cap: &Capture, crc: bool, name: &str) {
-    let path = TempPcap(std::env::temp_dir().join(format!(
-        "vrdma-interhost-{}-{name}.pcap",
-        std::process::id()
-    )));
-    std::fs::write(&path.0, cap.bytes()).unwrap();
-    let frames = dissect(&path.0);
+    let path = TempPcap::write(&format!("interhost-{name}"), cap.bytes());
+    let frames = dissect(path.path());
     assert_eq!(frames.len(), cap.frames.len(), "tshark read every frame");
     let fpdus = cap.count(Unit::Fpdu);
     assert!(fpdus > 20, "only {fpdus} FPDUs recorded");
@@ -835,7 +720,7 @@ fn check_with_tshark(cap: &Capture, crc: bool, name: &str) {
         .filter(|f| f.1 == Unit::Mpa)
         .map(|f| f.0)
         .collect();
-    for (frame, sev, msg) in expert(&path.0) {
+    for (frame, sev, msg) in expert(path.path()) {
         assert!(
             sev != "Error" && !msg.contains("Malformed"),
             "frame {frame}: {sev} {msg}"
@@ -859,9 +744,11 @@ fn check_with_tshark(cap: &Capture, crc: bool, name: &str) {
             .nth(9)
             .unwrap()
             .0;
-        let bad = TempPcap(path.0.with_extension("bad.pcap"));
-        std::fs::write(&bad.0, cap.with_flipped(target, 21)).unwrap();
-        let frames = dissect(&bad.0);
+        let bad = TempPcap::write(
+            &format!("interhost-{name}-bad"),
+            &cap.with_flipped(target, 21),
+        );
+        let frames = dissect(bad.path());
         for &(n, unit, _, _) in &cap.frames {
             if unit == Unit::Fpdu {
                 let f = &frames[n - 1];
@@ -884,7 +771,7 @@ fn check_with_tshark(cap: &Capture, crc: bool, name: &str) {
 /// "Good CRC32" and nothing malformed.
 #[test]
 fn tshark_reads_recorded_traffic_with_good_crc() {
-    if need_tshark("tshark_reads_recorded_traffic_with_good_crc") {
+    if tshark::need("tshark_reads_recorded_traffic_with_good_crc") {
         let cap = recorded_run("offer");
         check_with_tshark(&cap, true, "crc");
     }
@@ -894,7 +781,7 @@ fn tshark_reads_recorded_traffic_with_good_crc() {
 /// its CRC field zero and not checked.
 #[test]
 fn tshark_reads_recorded_traffic_without_crc() {
-    if need_tshark("tshark_reads_recorded_traffic_without_crc") {
+    if tshark::need("tshark_reads_recorded_traffic_without_crc") {
         let cap = recorded_run("decline");
         check_with_tshark(&cap, false, "nocrc");
     }
