@@ -72,22 +72,49 @@ fn connect(a: &mut Guest, b: &mut Guest, n: usize) -> (SocketAddr, String) {
     (listen, first)
 }
 
+/// The guest and its host, for messages (both hosts number their guests from 1).
+fn who(g: &Guest) -> String {
+    format!("guest {} on {}", g.domid, g.host)
+}
+
+/// What helps with a hang: the events `g`'s device reported (`kind:QP:detail`; a QP that
+/// failed or disconnected says so there).
+fn events(g: &mut Guest) -> String {
+    match g.try_cmd("events") {
+        Ok(e) => format!("its events: [{e}]"),
+        Err(e) => format!("no events: {e}"),
+    }
+}
+
 /// Exactly `n` completions on `g`'s CQ `c` within the bound.
 fn wcs(g: &mut Guest, n: usize) -> Vec<Wc> {
     let w = Guest::completions(&g.cmd(&format!("poll c {n} {WAIT_MS}")));
-    assert_eq!(w.len(), n, "guest {}: {w:?}", g.domid);
+    if w.len() != n {
+        panic!(
+            "{}: {} of {n} completions in {WAIT_MS} ms: {w:?}; {}",
+            who(g),
+            w.len(),
+            events(g)
+        );
+    }
     w
 }
 
+/// One completion on `g`'s CQ `c` within the bound, successful (`what` names it).
 fn one_ok(g: &mut Guest, what: &str) -> Wc {
-    let w = Guest::completions(&g.cmd(&format!("poll c 1 {WAIT_MS}")));
+    one_ok_within(g, what, WAIT_MS)
+}
+
+fn one_ok_within(g: &mut Guest, what: &str, ms: u64) -> Wc {
+    let w = Guest::completions(&g.cmd(&format!("poll c 1 {ms}")));
     let Some(w) = w.into_iter().next() else {
         panic!(
-            "guest {}: no completion of the {what} in {WAIT_MS} ms",
-            g.domid
+            "{}: no completion of the {what} in {ms} ms; {}",
+            who(g),
+            events(g)
         )
     };
-    assert!(w.ok(), "{what}: {w:?}");
+    assert!(w.ok(), "{}: {what}: {w:?}", who(g));
     w
 }
 
@@ -252,10 +279,7 @@ fn eight_reads_outstanding_complete_in_order() {
 fn event(g: &mut Guest, q: &str, kind: &str) -> String {
     match g.try_cmd(&format!("event {q} {kind} 30000")) {
         Ok(s) => s,
-        Err(e) => {
-            let d = g.domid;
-            panic!("guest {d}: {e}; all events: {:?}", g.try_cmd("events"))
-        }
+        Err(e) => panic!("{}: {e}; {}", who(g), events(g)),
     }
 }
 
@@ -270,8 +294,8 @@ fn assert_flushed(g: &mut Guest, n: usize) {
     let w = wcs(g, n);
     assert!(
         w.iter().all(|w| w.status == "WrFlushError"),
-        "guest {}: {w:?}",
-        g.domid
+        "{}: {w:?}",
+        who(g)
     );
     let mut ids: Vec<u64> = w.iter().map(|w| w.wr_id).collect();
     ids.sort();
@@ -789,4 +813,18 @@ fn a_disconnect_is_reported_once_at_each_end() {
         let n = seen.split(',').filter(|k| *k == "QpDisconnected").count();
         assert_eq!(n, 1, "{end} saw {seen}");
     }
+}
+
+/// A completion that never comes is reported with the guest's host (both hosts have a guest
+/// 1) and the events its device reported.
+#[test]
+#[should_panic(
+    expected = "guest 1 on host-b (127.0.0.3): no completion of the RECV in 200 ms; \
+                           its events: ["
+)]
+fn a_missing_completion_names_the_host_and_its_events() {
+    let (_hosts, mut a, mut b, _, _) = start("offer", "bypass", MIB);
+    connect(&mut a, &mut b, 1);
+    b.cmd("recv q0 m 0 16 1");
+    one_ok_within(&mut b, "RECV", 200);
 }
