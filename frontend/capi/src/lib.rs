@@ -477,45 +477,37 @@ pub unsafe extern "C" fn vrdma_mr_read(
     unsafe { mr_copy(mr, buf, len, "buf", copy) }
 }
 
-/// The region's length in bytes (0 for NULL).
-///
-/// # Safety
-/// `mr` is null or a live MR handle.
-#[no_mangle]
-pub unsafe extern "C" fn vrdma_mr_len(mr: *const vrdma_mr) -> usize {
-    // SAFETY: the caller's promise.
-    unsafe { mr.as_ref() }.map_or(0, |m| m.0.len())
+/// Exported getters of a field of an MR handle: 0 for NULL.
+macro_rules! mr_getter {
+    ($(#[$doc:meta])* $name:ident -> $t:ty, $field:ident) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// `mr` is null or a live MR handle.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(mr: *const vrdma_mr) -> $t {
+            // SAFETY: the caller's promise.
+            unsafe { mr.as_ref() }.map_or(0, |m| m.0.$field())
+        }
+    };
 }
 
-/// The local key (0 for NULL).
-///
-/// # Safety
-/// `mr` is null or a live MR handle.
-#[no_mangle]
-pub unsafe extern "C" fn vrdma_mr_lkey(mr: *const vrdma_mr) -> u32 {
-    // SAFETY: the caller's promise.
-    unsafe { mr.as_ref() }.map_or(0, |m| m.0.lkey())
-}
-
-/// The remote key (0 for NULL).
-///
-/// # Safety
-/// `mr` is null or a live MR handle.
-#[no_mangle]
-pub unsafe extern "C" fn vrdma_mr_rkey(mr: *const vrdma_mr) -> u32 {
-    // SAFETY: the caller's promise.
-    unsafe { mr.as_ref() }.map_or(0, |m| m.0.rkey())
-}
-
-/// The region's address as RDMA READ/WRITE name it (0 for NULL).
-///
-/// # Safety
-/// `mr` is null or a live MR handle.
-#[no_mangle]
-pub unsafe extern "C" fn vrdma_mr_addr(mr: *const vrdma_mr) -> u64 {
-    // SAFETY: the caller's promise.
-    unsafe { mr.as_ref() }.map_or(0, |m| m.0.iova())
-}
+mr_getter!(
+    /// The region's length in bytes (0 for NULL).
+    vrdma_mr_len -> usize, len
+);
+mr_getter!(
+    /// The local key (0 for NULL).
+    vrdma_mr_lkey -> u32, lkey
+);
+mr_getter!(
+    /// The remote key (0 for NULL).
+    vrdma_mr_rkey -> u32, rkey
+);
+mr_getter!(
+    /// The region's address as RDMA READ/WRITE name it (0 for NULL).
+    vrdma_mr_addr -> u64, iova
+);
 
 /// Fills `*out` with what a peer needs to reach this region (address, length, rkey).
 ///
