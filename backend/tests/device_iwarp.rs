@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use shared_ring::abi::control::{access, QpState};
 use shared_ring::abi::cqe::{CqeOpcode, CqeRepr, CqeStatus};
 use shared_ring::abi::event::EventKind;
-use shared_ring::abi::wqe::WqeOpcode;
+use shared_ring::abi::wqe::{Sge, WqeOpcode, WqeRepr};
 use vrdma_backend::device::iwarp::{Established, Role, Rtr};
 use vrdma_backend::device::testkit::{wqe, TestChannel, TestCq, TestMr, TestQp, HANG};
 use vrdma_backend::device::{ChannelMode, Device, EngineConfig, SoftDevice};
@@ -49,30 +49,36 @@ impl Host {
         self.dev.qp_state(self.ch.id, qp.num).expect("QP state")
     }
 
-    /// Waits until the QP is in `want` (a hang, not a timing check, after [`HANG`]).
+    /// Waits until the QP is in `want`.
     fn wait_state(&self, qp: &TestQp, want: QpState) {
-        let start = Instant::now();
-        while self.state(qp) != want {
-            assert!(
-                start.elapsed() < HANG,
-                "QP {:?} never reached {want:?}",
-                qp.num
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_for(&format!("QP {:?} never reached {want:?}", qp.num), || {
+            self.state(qp) == want
+        });
     }
 
     /// Waits for an event of `kind` on the channel (others are dropped).
     fn wait_event(&mut self, kind: EventKind) {
-        let start = Instant::now();
-        loop {
-            if self.ch.take_events().iter().any(|e| e.kind == kind) {
-                return;
-            }
-            assert!(start.elapsed() < HANG, "no {kind:?} event");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_for(&format!("no {kind:?} event"), || {
+            self.ch.take_events().iter().any(|e| e.kind == kind)
+        });
     }
+}
+
+/// Waits until `done` (a hang, not a timing check, after [`HANG`]: fails saying `hang`).
+fn wait_for(hang: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < HANG, "{hang}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Two hosts (domains 1 and 2, bypass channels) and a QP on each.
+fn two_hosts() -> (Host, TestQp, Host, TestQp) {
+    let mut ha = Host::new(1, ChannelMode::Bypass);
+    let mut hb = Host::new(2, ChannelMode::Bypass);
+    let (a, b) = (ha.qp(), hb.qp());
+    (ha, a, hb, b)
 }
 
 /// A loopback TCP connection: (client bound to 127.0.0.2, server end on 127.0.0.3).
@@ -93,12 +99,8 @@ fn tcp_pair() -> (TcpStream, TcpStream) {
     (client, server)
 }
 
-fn est(stream: TcpStream, role: Role, crc: bool, rtr: Rtr) -> Established {
-    est_ord(stream, role, crc, rtr, 8)
-}
-
-/// [`est`] with IRD = ORD = `ord`.
-fn est_ord(stream: TcpStream, role: Role, crc: bool, rtr: Rtr, ord: u16) -> Established {
+/// What MPA would have established on `stream`, with IRD = ORD = `ord`.
+fn est(stream: TcpStream, role: Role, crc: bool, rtr: Rtr, ord: u16) -> Established {
     Established {
         local: stream.local_addr().expect("local"),
         peer: stream.peer_addr().expect("peer"),
@@ -119,20 +121,47 @@ fn attach(
     a: &TestQp,
     hb: &mut Host,
     b: &TestQp,
-    (client, server): (TcpStream, TcpStream),
+    ends: (TcpStream, TcpStream),
     crc: bool,
     rtr: Rtr,
 ) {
+    attach_ord(ha, a, hb, b, ends, (crc, rtr, 8));
+}
+
+/// [`attach`] with IRD = ORD = `ord`.
+fn attach_ord(
+    ha: &mut Host,
+    a: &TestQp,
+    hb: &mut Host,
+    b: &TestQp,
+    (client, server): (TcpStream, TcpStream),
+    (crc, rtr, ord): (bool, Rtr, u16),
+) {
     hb.dev
-        .attach_stream(hb.ch.id, b.num, est(server, Role::Responder, crc, rtr))
+        .attach_stream(hb.ch.id, b.num, est(server, Role::Responder, crc, rtr, ord))
         .expect("attach responder");
     ha.dev
-        .attach_stream(ha.ch.id, a.num, est(client, Role::Initiator, crc, rtr))
+        .attach_stream(ha.ch.id, a.num, est(client, Role::Initiator, crc, rtr, ord))
         .expect("attach initiator");
     ha.wait_state(a, QpState::Rts);
     hb.wait_state(b, QpState::Rts);
     ha.wait_event(EventKind::QpEstablished);
     hb.wait_event(EventKind::QpEstablished);
+}
+
+/// A signaled SEND of `local`.
+fn send(wr_id: u64, local: Sge) -> WqeRepr {
+    wqe(WqeOpcode::Send, wr_id, &[local], (0, 0), 0)
+}
+
+/// A signaled RDMA WRITE or READ between `local` and `remote` (address, rkey).
+fn rdma(op: WqeOpcode, wr_id: u64, local: Sge, remote: (u64, u32)) -> WqeRepr {
+    wqe(op, wr_id, &[local], remote, 0)
+}
+
+/// Where `mr` is at `offset` for a peer: (address, rkey).
+fn at(mr: &TestMr, offset: u64) -> (u64, u32) {
+    (mr.iova + offset, mr.keys.rkey)
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -168,10 +197,7 @@ fn transfers(crc: bool, rtr: Rtr, mode: ChannelMode, sizes: &[usize]) {
         src.fill(0, &data);
         id += 1;
         b.post_recv(&hb.dev, id, &[dst.sge(0, n)]);
-        a.post_send(
-            &ha.dev,
-            &wqe(WqeOpcode::Send, id, &[src.sge(0, n)], (0, 0), 0),
-        );
+        a.post_send(&ha.dev, &send(id, src.sge(0, n)));
         expect(&ha.wait(), id, CqeOpcode::Send, CqeStatus::Success);
         let r = hb.wait();
         expect(&r, id, CqeOpcode::Recv, CqeStatus::Success);
@@ -184,12 +210,11 @@ fn transfers(crc: bool, rtr: Rtr, mode: ChannelMode, sizes: &[usize]) {
         id += 1;
         a.post_send(
             &ha.dev,
-            &wqe(
+            &rdma(
                 WqeOpcode::RdmaWrite,
                 id,
-                &[src.sge(0, n)],
-                (dst.iova + off as u64, dst.keys.rkey),
-                0,
+                src.sge(0, n),
+                at(&dst, off as u64),
             ),
         );
         expect(&ha.wait(), id, CqeOpcode::RdmaWrite, CqeStatus::Success);
@@ -207,12 +232,11 @@ fn transfers(crc: bool, rtr: Rtr, mode: ChannelMode, sizes: &[usize]) {
             id += 1;
             a.post_send(
                 &ha.dev,
-                &wqe(
+                &rdma(
                     WqeOpcode::RdmaRead,
                     id,
-                    &[back.sge((step * p) as u64, plen as u32)],
-                    (dst.iova + (off + step * p) as u64, dst.keys.rkey),
-                    0,
+                    back.sge((step * p) as u64, plen as u32),
+                    at(&dst, (off + step * p) as u64),
                 ),
             );
         }
@@ -264,9 +288,7 @@ fn mediated_channels_run_the_same_data_path() {
 
 #[test]
 fn a_bad_rkey_is_a_remote_access_error_and_the_responder_host_carries_on() {
-    let mut ha = Host::new(1, ChannelMode::Bypass);
-    let mut hb = Host::new(2, ChannelMode::Bypass);
-    let (a, b) = (ha.qp(), hb.qp());
+    let (mut ha, a, mut hb, b) = two_hosts();
     let (mut a2, b2) = (ha.qp(), hb.qp());
     let local = ha.mr(4096);
     let target = hb.mr(4096);
@@ -277,12 +299,11 @@ fn a_bad_rkey_is_a_remote_access_error_and_the_responder_host_carries_on() {
     // An rkey the responder never gave out, then one out of the region's bounds.
     a.post_send(
         &ha.dev,
-        &wqe(
+        &rdma(
             WqeOpcode::RdmaRead,
             1,
-            &[local.sge(0, 64)],
+            local.sge(0, 64),
             (target.iova, target.keys.rkey ^ 0x100),
-            0,
         ),
     );
     expect(
@@ -299,25 +320,13 @@ fn a_bad_rkey_is_a_remote_access_error_and_the_responder_host_carries_on() {
     // The other connection of the same two hosts is unaffected.
     a2.post_send(
         &ha.dev,
-        &wqe(
-            WqeOpcode::RdmaRead,
-            2,
-            &[local.sge(0, 4096)],
-            (target.iova, target.keys.rkey),
-            0,
-        ),
+        &rdma(WqeOpcode::RdmaRead, 2, local.sge(0, 4096), at(&target, 0)),
     );
     expect(&ha.wait(), 2, CqeOpcode::RdmaRead, CqeStatus::Success);
     assert_eq!(local.read(0, 4096), vec![7; 4096]);
     a2.post_send(
         &ha.dev,
-        &wqe(
-            WqeOpcode::RdmaRead,
-            3,
-            &[local.sge(0, 64)],
-            (target.iova + 4090, target.keys.rkey),
-            0,
-        ),
+        &rdma(WqeOpcode::RdmaRead, 3, local.sge(0, 64), at(&target, 4090)),
     );
     expect(
         &ha.wait(),
@@ -330,9 +339,7 @@ fn a_bad_rkey_is_a_remote_access_error_and_the_responder_host_carries_on() {
 
 #[test]
 fn the_peer_closing_mid_transfer_flushes_and_disconnects() {
-    let mut ha = Host::new(1, ChannelMode::Bypass);
-    let mut hb = Host::new(2, ChannelMode::Bypass);
-    let (mut a, b) = (ha.qp(), hb.qp());
+    let (mut ha, mut a, mut hb, b) = two_hosts();
     let src = ha.mr(16 << 20);
     let dst = hb.mr(16 << 20);
     attach(&mut ha, &a, &mut hb, &b, tcp_pair(), false, Rtr::Write);
@@ -340,13 +347,7 @@ fn the_peer_closing_mid_transfer_flushes_and_disconnects() {
     for id in 1..=n {
         a.post_send(
             &ha.dev,
-            &wqe(
-                WqeOpcode::RdmaWrite,
-                id,
-                &[src.sge(0, 16 << 20)],
-                (dst.iova, dst.keys.rkey),
-                0,
-            ),
+            &rdma(WqeOpcode::RdmaWrite, id, src.sge(0, 16 << 20), at(&dst, 0)),
         );
     }
     // The responder's QP goes away while the WRITEs stream: its socket closes.
@@ -376,13 +377,7 @@ fn the_peer_closing_mid_transfer_flushes_and_disconnects() {
     // Later work is flushed at once; the device still serves new connections.
     a.post_send(
         &ha.dev,
-        &wqe(
-            WqeOpcode::RdmaWrite,
-            99,
-            &[src.sge(0, 8)],
-            (dst.iova, dst.keys.rkey),
-            0,
-        ),
+        &rdma(WqeOpcode::RdmaWrite, 99, src.sge(0, 8), at(&dst, 0)),
     );
     expect(
         &ha.wait(),
@@ -395,13 +390,7 @@ fn the_peer_closing_mid_transfer_flushes_and_disconnects() {
     src.fill(0, b"again");
     a2.post_send(
         &ha.dev,
-        &wqe(
-            WqeOpcode::RdmaWrite,
-            100,
-            &[src.sge(0, 5)],
-            (dst.iova, dst.keys.rkey),
-            0,
-        ),
+        &rdma(WqeOpcode::RdmaWrite, 100, src.sge(0, 5), at(&dst, 0)),
     );
     expect(&ha.wait(), 100, CqeOpcode::RdmaWrite, CqeStatus::Success);
 }
@@ -432,9 +421,7 @@ fn forward(mut from: TcpStream, mut to: TcpStream, corrupt: Option<usize>) {
 
 #[test]
 fn a_byte_corrupted_in_flight_is_a_crc_error_that_fails_both_ends() {
-    let mut ha = Host::new(1, ChannelMode::Bypass);
-    let mut hb = Host::new(2, ChannelMode::Bypass);
-    let (mut a, b) = (ha.qp(), hb.qp());
+    let (mut ha, mut a, mut hb, b) = two_hosts();
     let src = ha.mr(1 << 20);
     let dst = hb.mr(1 << 20);
     src.fill(0, &pattern(1 << 20, 3));
@@ -450,13 +437,7 @@ fn a_byte_corrupted_in_flight_is_a_crc_error_that_fails_both_ends() {
     attach(&mut ha, &a, &mut hb, &b, (a_end, b_end), true, Rtr::Write);
     a.post_send(
         &ha.dev,
-        &wqe(
-            WqeOpcode::RdmaWrite,
-            1,
-            &[src.sge(0, 1 << 20)],
-            (dst.iova, dst.keys.rkey),
-            0,
-        ),
+        &rdma(WqeOpcode::RdmaWrite, 1, src.sge(0, 1 << 20), at(&dst, 0)),
     );
     // The WRITE left (its completion says so); the responder finds the CRC wrong, sends a
     // Terminate and fails; the requester fails on the Terminate.
@@ -468,13 +449,7 @@ fn a_byte_corrupted_in_flight_is_a_crc_error_that_fails_both_ends() {
     ha.wait_state(&a, QpState::Error);
     a.post_send(
         &ha.dev,
-        &wqe(
-            WqeOpcode::RdmaRead,
-            2,
-            &[src.sge(0, 8)],
-            (dst.iova, dst.keys.rkey),
-            0,
-        ),
+        &rdma(WqeOpcode::RdmaRead, 2, src.sge(0, 8), at(&dst, 0)),
     );
     expect(&ha.wait(), 2, CqeOpcode::RdmaRead, CqeStatus::WrFlushError);
     t1.join().expect("proxy");
@@ -501,18 +476,14 @@ fn many_qps_over_separate_connections() {
     for (i, (a, b, src, dst)) in pairs.iter_mut().enumerate() {
         let id = 10 * i as u64;
         b.post_recv(&hb.dev, id, &[dst.sge(0, 32 << 10)]);
+        a.post_send(&ha.dev, &send(id, src.sge(0, 32 << 10)));
         a.post_send(
             &ha.dev,
-            &wqe(WqeOpcode::Send, id, &[src.sge(0, 32 << 10)], (0, 0), 0),
-        );
-        a.post_send(
-            &ha.dev,
-            &wqe(
+            &rdma(
                 WqeOpcode::RdmaWrite,
                 id + 1,
-                &[src.sge(32 << 10, 32 << 10)],
-                (dst.iova + (32 << 10), dst.keys.rkey),
-                0,
+                src.sge(32 << 10, 32 << 10),
+                at(dst, 32 << 10),
             ),
         );
     }
@@ -546,12 +517,11 @@ fn many_qps_over_separate_connections() {
         let back = ha.mr(64 << 10);
         a.post_send(
             &ha.dev,
-            &wqe(
+            &rdma(
                 WqeOpcode::RdmaRead,
                 1000 + i as u64,
-                &[back.sge(0, 64 << 10)],
-                (dst.iova, dst.keys.rkey),
-                0,
+                back.sge(0, 64 << 10),
+                at(dst, 0),
             ),
         );
         expect(
@@ -583,28 +553,86 @@ fn read_fpdu(s: &mut TcpStream) -> Vec<u8> {
     rest
 }
 
+/// A raw peer's FPDU: ULPDU_LENGTH, `ulpdu`, the given pad bytes, and the CRC32c over all of
+/// it (least significant byte first), or a zero field with `crc` off.
+fn raw_fpdu(ulpdu: &[u8], pad: &[u8], crc: bool) -> Vec<u8> {
+    assert_eq!((2 + ulpdu.len() + pad.len()) % 4, 0, "pad length");
+    let mut f = (ulpdu.len() as u16).to_be_bytes().to_vec();
+    f.extend_from_slice(ulpdu);
+    f.extend_from_slice(pad);
+    let c = if crc { crc32c::crc32c(&f) } else { 0 };
+    f.extend_from_slice(&c.to_le_bytes());
+    f
+}
+
+/// A raw peer's Read Request for `len` bytes of `rkey` at `to` (MSN `msn`, sink STag 9).
+fn raw_read_request(msn: u32, rkey: u32, to: u64, len: u32, last: bool) -> Vec<u8> {
+    let mut u = vec![if last { 0x41 } else { 0x01 }, 0x41, 0, 0, 0, 0, 0, 0, 0, 1];
+    u.extend_from_slice(&msn.to_be_bytes());
+    u.extend_from_slice(&[0, 0, 0, 0]);
+    u.extend_from_slice(&9u32.to_be_bytes());
+    u.extend_from_slice(&0u64.to_be_bytes());
+    u.extend_from_slice(&len.to_be_bytes());
+    u.extend_from_slice(&rkey.to_be_bytes());
+    u.extend_from_slice(&to.to_be_bytes());
+    u
+}
+
+/// A raw peer's tagged last RDMA WRITE segment of `data` to `stag` at `to`.
+fn raw_write(stag: u32, to: u64, data: &[u8]) -> Vec<u8> {
+    let mut u = vec![0xc1, 0x40];
+    u.extend_from_slice(&stag.to_be_bytes());
+    u.extend_from_slice(&to.to_be_bytes());
+    u.extend_from_slice(data);
+    u
+}
+
+/// A responder QP on `hb` whose peer is the returned raw socket.
+fn raw_peer(hb: &mut Host, crc: bool) -> (TestQp, TcpStream) {
+    raw_peer_with(hb, Role::Responder, (crc, Rtr::None, 8))
+}
+
+/// A QP on `h` in `role`, with CRC, RTR and IRD = ORD as given, whose peer is the returned
+/// raw socket; in RTS.
+fn raw_peer_with(
+    h: &mut Host,
+    role: Role,
+    (crc, rtr, ord): (bool, Rtr, u16),
+) -> (TestQp, TcpStream) {
+    let q = h.qp();
+    let (client, server) = tcp_pair();
+    let (mine, raw) = match role {
+        Role::Initiator => (client, server),
+        Role::Responder => (server, client),
+    };
+    h.dev
+        .attach_stream(h.ch.id, q.num, est(mine, role, crc, rtr, ord))
+        .expect("attach");
+    h.wait_state(&q, QpState::Rts);
+    (q, raw)
+}
+
+/// A raw peer's untagged last SEND segment (queue 0) with `payload`.
+fn raw_send(msn: u32, payload: &[u8]) -> Vec<u8> {
+    let mut u = vec![0x41, 0x43, 0, 0, 0, 0, 0, 0, 0, 0];
+    u.extend_from_slice(&msn.to_be_bytes());
+    u.extend_from_slice(&0u32.to_be_bytes());
+    u.extend_from_slice(payload);
+    u
+}
+
 #[test]
 fn a_write_to_an_unknown_stag_is_answered_with_a_ddp_tagged_terminate() {
     let mut hb = Host::new(2, ChannelMode::Bypass);
-    let b = hb.qp();
     let mr = hb.mr(4096);
-    let (mut raw, server) = tcp_pair();
-    hb.dev
-        .attach_stream(
-            hb.ch.id,
-            b.num,
-            est(server, Role::Responder, false, Rtr::None),
-        )
-        .expect("attach");
-    hb.wait_state(&b, QpState::Rts);
-    // A tagged last RDMA WRITE of 4 bytes: DDP T|L|DV=1, RDMAP RV=1 op 0, STag, TO, data.
-    let mut f = Vec::new();
-    f.extend_from_slice(&18u16.to_be_bytes());
-    f.extend_from_slice(&[0xc1, 0x40]);
-    f.extend_from_slice(&(mr.keys.rkey ^ 0x2_0000).to_be_bytes());
-    f.extend_from_slice(&mr.iova.to_be_bytes());
-    f.extend_from_slice(b"abcd");
-    f.extend_from_slice(&[0u8; 4]); // no pad (2 + 18 = 20), CRC field (off: zero)
+    let (b, mut raw) = raw_peer(&mut hb, false);
+    // A tagged last RDMA WRITE of 4 bytes: DDP T|L|DV=1, RDMAP RV=1 op 0, STag, TO, data;
+    // no pad (2 + 18 = 20), CRC field (off: zero).
+    let f = raw_fpdu(
+        &raw_write(mr.keys.rkey ^ 0x2_0000, mr.iova, b"abcd"),
+        &[],
+        false,
+    );
     raw.write_all(&f).expect("send FPDU");
     let t = read_fpdu(&mut raw);
     // Untagged last, RDMAP Terminate on QN 2, MSN 1, MO 0.
@@ -625,27 +653,12 @@ fn a_write_to_an_unknown_stag_is_answered_with_a_ddp_tagged_terminate() {
 #[test]
 fn a_read_request_beyond_the_region_is_answered_with_an_rdmap_protection_terminate() {
     let mut hb = Host::new(2, ChannelMode::Bypass);
-    let b = hb.qp();
     let mr = hb.mr(4096);
-    let (mut raw, server) = tcp_pair();
-    hb.dev
-        .attach_stream(
-            hb.ch.id,
-            b.num,
-            est(server, Role::Responder, false, Rtr::None),
-        )
-        .expect("attach");
-    hb.wait_state(&b, QpState::Rts);
-    // Read Request: untagged last, op 1, QN 1, MSN 1, MO 0; sink STag/TO, size, source.
-    let mut f = Vec::new();
-    f.extend_from_slice(&46u16.to_be_bytes());
-    f.extend_from_slice(&[0x41, 0x41, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0]);
-    f.extend_from_slice(&9u32.to_be_bytes());
-    f.extend_from_slice(&0u64.to_be_bytes());
-    f.extend_from_slice(&8u32.to_be_bytes());
-    f.extend_from_slice(&mr.keys.rkey.to_be_bytes());
-    f.extend_from_slice(&(mr.iova + 4092).to_be_bytes());
-    f.extend_from_slice(&[0u8; 4]); // 2 + 46 = 48: no pad; CRC field
+    let (b, mut raw) = raw_peer(&mut hb, false);
+    // Read Request: untagged last, op 1, QN 1, MSN 1, MO 0; sink STag/TO, size, source;
+    // 2 + 46 = 48: no pad; CRC field.
+    let rr = raw_read_request(1, mr.keys.rkey, mr.iova + 4092, 8, true);
+    let f = raw_fpdu(&rr, &[], false);
     raw.write_all(&f).expect("send FPDU");
     let t = read_fpdu(&mut raw);
     assert_eq!(t[..2], [0x41, 0x47], "Terminate header");
@@ -658,18 +671,14 @@ fn a_read_request_beyond_the_region_is_answered_with_an_rdmap_protection_termina
 
 /// Waits until the engine serving the host's channel sleeps.
 fn wait_asleep(h: &Host) {
-    let start = Instant::now();
-    while !h.dev.engine_diag(h.ch.id).expect("engine").asleep {
-        assert!(start.elapsed() < HANG, "the engine never went to sleep");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_for("the engine never went to sleep", || {
+        h.dev.engine_diag(h.ch.id).expect("engine").asleep
+    });
 }
 
 #[test]
 fn a_send_waits_for_its_recv_and_idle_engines_sleep() {
-    let mut ha = Host::new(1, ChannelMode::Bypass);
-    let mut hb = Host::new(2, ChannelMode::Bypass);
-    let (mut a, mut b) = (ha.qp(), hb.qp());
+    let (mut ha, mut a, mut hb, mut b) = two_hosts();
     let src = ha.mr(4096);
     let dst = hb.mr(4096);
     attach(&mut ha, &a, &mut hb, &b, tcp_pair(), true, Rtr::Write);
@@ -678,7 +687,7 @@ fn a_send_waits_for_its_recv_and_idle_engines_sleep() {
     wait_asleep(&hb);
     let data = pattern(4096, 9);
     src.fill(0, &data);
-    let mut w = wqe(WqeOpcode::Send, 1, &[src.sge(0, 4096)], (0, 0), 0);
+    let mut w = send(1, src.sge(0, 4096));
     w.flags |= shared_ring::abi::wqe::flags::SOLICITED;
     a.post_send(&ha.dev, &w);
     expect(&ha.wait(), 1, CqeOpcode::Send, CqeStatus::Success);
@@ -701,10 +710,7 @@ fn a_send_waits_for_its_recv_and_idle_engines_sleep() {
     // A sleeping responder is woken by the next message.
     b.post_recv(&hb.dev, 3, &[dst.sge(0, 4096)]);
     wait_asleep(&hb);
-    a.post_send(
-        &ha.dev,
-        &wqe(WqeOpcode::Send, 4, &[src.sge(0, 16)], (0, 0), 0),
-    );
+    a.post_send(&ha.dev, &send(4, src.sge(0, 16)));
     expect(&ha.wait(), 4, CqeOpcode::Send, CqeStatus::Success);
     expect(&hb.wait(), 3, CqeOpcode::Recv, CqeStatus::Success);
 }
@@ -740,16 +746,7 @@ fn garbage_from_a_peer_fails_only_its_qp() {
     send.extend_from_slice(&[0; 4]);
     cases.push(send);
     for (i, bytes) in cases.iter().enumerate() {
-        let b = hb.qp();
-        let (mut raw, server) = tcp_pair();
-        hb.dev
-            .attach_stream(
-                hb.ch.id,
-                b.num,
-                est(server, Role::Responder, i % 2 == 0, Rtr::None),
-            )
-            .expect("attach");
-        hb.wait_state(&b, QpState::Rts);
+        let (b, mut raw) = raw_peer(&mut hb, i % 2 == 0);
         let mut pad = bytes.clone();
         pad.resize(bytes.len().max(64), 0);
         let _ = raw.write_all(&pad);
@@ -766,58 +763,29 @@ fn garbage_from_a_peer_fails_only_its_qp() {
     attach(&mut ha, &a, &mut hb, &b, tcp_pair(), true, Rtr::Write);
     a.post_send(
         &ha.dev,
-        &wqe(
-            WqeOpcode::RdmaWrite,
-            1,
-            &[src.sge(0, 64)],
-            (mr.iova, mr.keys.rkey),
-            0,
-        ),
+        &rdma(WqeOpcode::RdmaWrite, 1, src.sge(0, 64), at(&mr, 0)),
     );
     expect(&ha.wait(), 1, CqeOpcode::RdmaWrite, CqeStatus::Success);
-    let start = Instant::now();
-    while mr.read(0, 64) != vec![5; 64] {
-        assert!(start.elapsed() < HANG, "WRITE not placed");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_for("WRITE not placed", || mr.read(0, 64) == vec![5; 64]);
 }
 
 #[test]
 fn reads_beyond_ord_wait_their_turn() {
-    let mut ha = Host::new(1, ChannelMode::Bypass);
-    let mut hb = Host::new(2, ChannelMode::Bypass);
-    let (mut a, b) = (ha.qp(), hb.qp());
+    let (mut ha, mut a, mut hb, b) = two_hosts();
     let local = ha.mr(6 << 16);
     let remote = hb.mr(6 << 16);
     remote.fill(0, &pattern(6 << 16, 77));
-    let (client, server) = tcp_pair();
-    hb.dev
-        .attach_stream(
-            hb.ch.id,
-            b.num,
-            est_ord(server, Role::Responder, true, Rtr::Write, 2),
-        )
-        .expect("attach");
-    ha.dev
-        .attach_stream(
-            ha.ch.id,
-            a.num,
-            est_ord(client, Role::Initiator, true, Rtr::Write, 2),
-        )
-        .expect("attach");
-    ha.wait_state(&a, QpState::Rts);
-    hb.wait_state(&b, QpState::Rts);
+    attach_ord(&mut ha, &a, &mut hb, &b, tcp_pair(), (true, Rtr::Write, 2));
     // Six READs with ORD 2: the later ones wait at the head of the SQ; all complete, in
     // order, with their bytes.
     for i in 0..6u64 {
         a.post_send(
             &ha.dev,
-            &wqe(
+            &rdma(
                 WqeOpcode::RdmaRead,
                 i,
-                &[local.sge(i << 16, 1 << 16)],
-                (remote.iova + (i << 16), remote.keys.rkey),
-                0,
+                local.sge(i << 16, 1 << 16),
+                at(&remote, i << 16),
             ),
         );
     }
@@ -830,30 +798,13 @@ fn reads_beyond_ord_wait_their_turn() {
 #[test]
 fn read_requests_beyond_ird_are_terminated() {
     let mut hb = Host::new(2, ChannelMode::Bypass);
-    let b = hb.qp();
     let mr = hb.mr(4096);
-    let (mut raw, server) = tcp_pair();
-    hb.dev
-        .attach_stream(
-            hb.ch.id,
-            b.num,
-            est_ord(server, Role::Responder, false, Rtr::None, 1),
-        )
-        .expect("attach");
-    hb.wait_state(&b, QpState::Rts);
+    let (b, mut raw) = raw_peer_with(&mut hb, Role::Responder, (false, Rtr::None, 1));
     // Three 4 KiB Read Requests in one segment: IRD is 1.
     let mut f = Vec::new();
     for msn in 1..=3u32 {
-        f.extend_from_slice(&46u16.to_be_bytes());
-        f.extend_from_slice(&[0x41, 0x41, 0, 0, 0, 0, 0, 0, 0, 1]);
-        f.extend_from_slice(&msn.to_be_bytes());
-        f.extend_from_slice(&[0, 0, 0, 0]);
-        f.extend_from_slice(&9u32.to_be_bytes());
-        f.extend_from_slice(&0u64.to_be_bytes());
-        f.extend_from_slice(&4096u32.to_be_bytes());
-        f.extend_from_slice(&mr.keys.rkey.to_be_bytes());
-        f.extend_from_slice(&mr.iova.to_be_bytes());
-        f.extend_from_slice(&[0u8; 4]);
+        let rr = raw_read_request(msn, mr.keys.rkey, mr.iova, 4096, true);
+        f.extend_from_slice(&raw_fpdu(&rr, &[], false));
     }
     raw.write_all(&f).expect("send");
     // Read Responses may come first; then a Terminate: DDP untagged, MSN out of range.
@@ -872,9 +823,7 @@ fn read_requests_beyond_ird_are_terminated() {
 
 #[test]
 fn closing_the_peer_channel_disconnects_the_qp() {
-    let mut ha = Host::new(1, ChannelMode::Bypass);
-    let mut hb = Host::new(2, ChannelMode::Bypass);
-    let (mut a, b) = (ha.qp(), hb.qp());
+    let (mut ha, mut a, mut hb, b) = two_hosts();
     let local = ha.mr(4096);
     attach(&mut ha, &a, &mut hb, &b, tcp_pair(), true, Rtr::Read);
     a.post_recv(&ha.dev, 1, &[local.sge(0, 4096)]);
@@ -912,41 +861,25 @@ fn what_the_device_sends_parses_with_the_iwarp_proto_codec() {
     use iwarp_proto::rdmap::Opcode;
     for crc in [true, false] {
         let mut ha = Host::new(1, ChannelMode::Bypass);
-        let mut a = ha.qp();
         let src = ha.mr(200_000);
         let sink = ha.mr(4096);
         src.fill(0, &pattern(200_000, 5));
-        let (client, mut raw) = tcp_pair();
-        ha.dev
-            .attach_stream(
-                ha.ch.id,
-                a.num,
-                est(client, Role::Initiator, crc, Rtr::Write),
-            )
-            .expect("attach");
-        ha.wait_state(&a, QpState::Rts);
-        let mut w = wqe(WqeOpcode::Send, 1, &[src.sge(0, 100_000)], (0, 0), 0);
+        let (mut a, mut raw) = raw_peer_with(&mut ha, Role::Initiator, (crc, Rtr::Write, 8));
+        let mut w = send(1, src.sge(0, 100_000));
         w.flags |= shared_ring::abi::wqe::flags::SOLICITED;
         a.post_send(&ha.dev, &w);
         a.post_send(
             &ha.dev,
-            &wqe(
+            &rdma(
                 WqeOpcode::RdmaWrite,
                 2,
-                &[src.sge(100_000, 100_000)],
+                src.sge(100_000, 100_000),
                 (0xabcd_0000, 0x1235),
-                0,
             ),
         );
         a.post_send(
             &ha.dev,
-            &wqe(
-                WqeOpcode::RdmaRead,
-                3,
-                &[sink.sge(8, 64)],
-                (0x5000, 0x77),
-                0,
-            ),
+            &rdma(WqeOpcode::RdmaRead, 3, sink.sge(8, 64), (0x5000, 0x77)),
         );
         // RTR, the SEND and the WRITE (cut at the MSS), the Read Request.
         let ulpdus = decode_to_read_request(&mut raw, crc);
@@ -994,46 +927,6 @@ fn what_the_device_sends_parses_with_the_iwarp_proto_codec() {
     }
 }
 
-/// A raw peer's FPDU: ULPDU_LENGTH, `ulpdu`, the given pad bytes, and the CRC32c over all of
-/// it (least significant byte first), or a zero field with `crc` off.
-fn raw_fpdu(ulpdu: &[u8], pad: &[u8], crc: bool) -> Vec<u8> {
-    assert_eq!((2 + ulpdu.len() + pad.len()) % 4, 0, "pad length");
-    let mut f = (ulpdu.len() as u16).to_be_bytes().to_vec();
-    f.extend_from_slice(ulpdu);
-    f.extend_from_slice(pad);
-    let c = if crc { crc32c::crc32c(&f) } else { 0 };
-    f.extend_from_slice(&c.to_le_bytes());
-    f
-}
-
-/// A raw peer's Read Request for `len` bytes of `rkey` at `to` (MSN `msn`, sink STag 9).
-fn raw_read_request(msn: u32, rkey: u32, to: u64, len: u32, last: bool) -> Vec<u8> {
-    let mut u = vec![if last { 0x41 } else { 0x01 }, 0x41, 0, 0, 0, 0, 0, 0, 0, 1];
-    u.extend_from_slice(&msn.to_be_bytes());
-    u.extend_from_slice(&[0, 0, 0, 0]);
-    u.extend_from_slice(&9u32.to_be_bytes());
-    u.extend_from_slice(&0u64.to_be_bytes());
-    u.extend_from_slice(&len.to_be_bytes());
-    u.extend_from_slice(&rkey.to_be_bytes());
-    u.extend_from_slice(&to.to_be_bytes());
-    u
-}
-
-/// A responder QP on `hb` whose peer is the returned raw socket.
-fn raw_peer(hb: &mut Host, crc: bool) -> (TestQp, TcpStream) {
-    let b = hb.qp();
-    let (raw, server) = tcp_pair();
-    hb.dev
-        .attach_stream(
-            hb.ch.id,
-            b.num,
-            est(server, Role::Responder, crc, Rtr::None),
-        )
-        .expect("attach");
-    hb.wait_state(&b, QpState::Rts);
-    (b, raw)
-}
-
 #[test]
 fn pad_bytes_count_in_the_crc_as_received() {
     // RFC 5044 §4.1: the pad is sent as zeros and ignored by the receiver, "except for CRC
@@ -1043,10 +936,7 @@ fn pad_bytes_count_in_the_crc_as_received() {
     mr.fill(100, b"R");
     let (b, mut raw) = raw_peer(&mut hb, true);
     // A tagged last WRITE of 5 bytes: 2 + 14 + 5 = 21, so 3 pad bytes.
-    let mut w = vec![0xc1, 0x40];
-    w.extend_from_slice(&mr.keys.rkey.to_be_bytes());
-    w.extend_from_slice(&mr.iova.to_be_bytes());
-    w.extend_from_slice(b"hello");
+    let w = raw_write(mr.keys.rkey, mr.iova, b"hello");
     raw.write_all(&raw_fpdu(&w, &[0xa5, 0, 0x5a], true))
         .expect("WRITE");
     // Then a Read Request: answered (a Read Response), not a Terminate for a CRC error.
@@ -1082,32 +972,18 @@ fn a_read_request_that_is_not_one_segment_is_refused() {
     hb.wait_state(&b, QpState::Error);
 }
 
-/// A raw peer's untagged last SEND segment (queue 0) with `payload`.
-fn raw_send(msn: u32, payload: &[u8]) -> Vec<u8> {
-    let mut u = vec![0x41, 0x43, 0, 0, 0, 0, 0, 0, 0, 0];
-    u.extend_from_slice(&msn.to_be_bytes());
-    u.extend_from_slice(&0u32.to_be_bytes());
-    u.extend_from_slice(payload);
-    u
-}
-
 #[test]
 fn a_small_send_read_whole_waits_for_its_recv() {
     // A small message arrives whole in the read that fetches its header (the receiver reads
     // ahead into its private buffer): with no RECV posted it waits there, and the RECV posted
     // later (a kick, no new socket event) still gets it.
-    let mut ha = Host::new(1, ChannelMode::Bypass);
-    let mut hb = Host::new(2, ChannelMode::Bypass);
-    let (mut a, mut b) = (ha.qp(), hb.qp());
+    let (mut ha, mut a, mut hb, mut b) = two_hosts();
     let src = ha.mr(4096);
     let dst = hb.mr(4096);
     attach(&mut ha, &a, &mut hb, &b, tcp_pair(), true, Rtr::Write);
     let data = pattern(64, 3);
     src.fill(0, &data);
-    a.post_send(
-        &ha.dev,
-        &wqe(WqeOpcode::Send, 1, &[src.sge(0, 64)], (0, 0), 0),
-    );
+    a.post_send(&ha.dev, &send(1, src.sge(0, 64)));
     expect(&ha.wait(), 1, CqeOpcode::Send, CqeStatus::Success);
     std::thread::sleep(Duration::from_millis(50));
     assert!(hb.cq.poll(&hb.dev).is_none(), "no RECV yet");
@@ -1130,10 +1006,7 @@ fn fpdus_that_arrive_in_one_read_are_each_placed_and_checked() {
         mr.fill(200, b"Q");
         let (mut b, mut raw) = raw_peer(&mut hb, true);
         b.post_recv(&hb.dev, 7, &[mr.sge(1000, 100)]);
-        let mut w = vec![0xc1, 0x40];
-        w.extend_from_slice(&mr.keys.rkey.to_be_bytes());
-        w.extend_from_slice(&(mr.iova + 8).to_be_bytes());
-        w.extend_from_slice(b"abcdefgh");
+        let w = raw_write(mr.keys.rkey, mr.iova + 8, b"abcdefgh");
         let mut all = raw_fpdu(&w, &[], true);
         let mut send = raw_fpdu(&raw_send(1, b"hello, world"), &[], true);
         if bad {

@@ -13,48 +13,23 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use shared_ring::abi::control::QpState;
-use shared_ring::abi::cqe::{CqeOpcode, CqeStatus};
+use shared_ring::abi::cqe::CqeStatus;
 use shared_ring::abi::event::{EventKind, EventRepr};
 use shared_ring::abi::wqe::WqeOpcode;
+use verbs_common::{send_write_read, Side};
 use vrdma_backend::config::Config;
 use vrdma_backend::control::policy::CmPolicy;
 use vrdma_backend::device::testkit::{wqe, TestChannel, TestCq, TestQp, HANG};
-use vrdma_backend::device::verbs::{VerbsDevice, VerbsLib};
+use vrdma_backend::device::verbs::VerbsDevice;
 use vrdma_backend::device::{
-    access, ChannelMode, CmConfig, ConnRequestId, Device, DeviceError, EngineConfig, ListenerId,
+    ChannelMode, CmConfig, ConnRequestId, Device, DeviceError, ListenerId,
 };
 
+mod verbs_common;
+
 fn device_with(config: CmConfig) -> Option<VerbsDevice> {
-    let (name, port) = match std::env::var("VRDMA_TEST_IBDEV") {
-        Ok(v) => match v.split_once(':') {
-            Some((d, p)) => (d.to_owned(), p.parse().expect("VRDMA_TEST_IBDEV port")),
-            None => (v, 1),
-        },
-        Err(_) => {
-            let mut devs: Vec<String> = std::fs::read_dir("/sys/class/infiniband")
-                .map(|d| {
-                    d.filter_map(|e| e.ok())
-                        .map(|e| e.file_name().to_string_lossy().into_owned())
-                        .collect()
-                })
-                .unwrap_or_default();
-            devs.sort();
-            match devs.into_iter().next() {
-                Some(d) => (d, 1),
-                None => {
-                    eprintln!(
-                        "NOT RUN: no RDMA device on this host (/sys/class/infiniband is empty \
-                         or absent); run these tests where one exists, e.g. rxe0 in the Xen \
-                         lab's dom0 (docs/operations.md, \"verbs device\")"
-                    );
-                    return None;
-                }
-            }
-        }
-    };
-    let lib = VerbsLib::open().expect("libibverbs (the host has an RDMA device)");
-    let dev = VerbsDevice::open(&lib, &name, port, EngineConfig::default())
-        .unwrap_or_else(|e| panic!("opening {name} port {port}: {e}"))
+    let (dev, name) = verbs_common::open_device()?;
+    let dev = dev
         .with_cm(config)
         .unwrap_or_else(|e| panic!("rdma_cm on {name}: {e}"));
     assert!(
@@ -85,6 +60,16 @@ struct End {
     ch: TestChannel,
     cq: TestCq,
     qp: TestQp,
+}
+
+impl End {
+    fn side(&mut self) -> Side<'_> {
+        Side {
+            ch: &mut self.ch,
+            cq: &mut self.cq,
+            qp: &mut self.qp,
+        }
+    }
 }
 
 fn end(dev: &VerbsDevice, dom: u16) -> End {
@@ -170,61 +155,9 @@ fn two_guests_connect_through_rdma_cm_and_send_write_read() {
     );
     assert!(dev.cm_request_info(s.ch.id, req).is_err(), "answered");
 
-    // SEND c → s.
-    let mc = c.ch.mr(&dev, 8192, access::ALL);
-    let ms = s.ch.mr(&dev, 8192, access::ALL);
-    let msg: Vec<u8> = (0..1000u32).map(|i| (i * 7 + 1) as u8).collect();
-    mc.fill(0, &msg);
-    s.qp.post_recv(&dev, 77, &[ms.sge(4096, 2048)]);
-    c.qp.post_send(
-        &dev,
-        &wqe(WqeOpcode::Send, 1, &[mc.sge(0, 1000)], (0, 0), 0),
-    );
-    let x = c.cq.wait(&dev);
-    assert_eq!(
-        (x.wr_id, x.status, x.opcode),
-        (1, CqeStatus::Success, CqeOpcode::Send)
-    );
-    let x = s.cq.wait(&dev);
-    assert_eq!(
-        (x.wr_id, x.status, x.byte_len),
-        (77, CqeStatus::Success, 1000)
-    );
-    assert_eq!(ms.read(4096, 1000), msg);
-    // RDMA WRITE c → s at s's iova.
-    let pattern: Vec<u8> = (0..4096u32).map(|i| (i * 13 + 5) as u8).collect();
-    mc.fill(4096, &pattern);
-    c.qp.post_send(
-        &dev,
-        &wqe(
-            WqeOpcode::RdmaWrite,
-            2,
-            &[mc.sge(4096, 4096)],
-            (ms.iova, ms.keys.rkey),
-            0,
-        ),
-    );
-    let x = c.cq.wait(&dev);
-    assert_eq!((x.wr_id, x.status), (2, CqeStatus::Success));
-    assert_eq!(ms.read(0, 4096), pattern);
-    // RDMA READ s → c, and the accepting side as initiator: s WRITEs into c.
-    ms.fill(100, b"read me back");
-    c.qp.post_send(
-        &dev,
-        &wqe(
-            WqeOpcode::RdmaRead,
-            3,
-            &[mc.sge(2000, 12)],
-            (ms.iova + 100, ms.keys.rkey),
-            0,
-        ),
-    );
-    let x = c.cq.wait(&dev);
-    assert_eq!(
-        (x.wr_id, x.status, x.opcode),
-        (3, CqeStatus::Success, CqeOpcode::RdmaRead)
-    );
-    assert_eq!(mc.read(2000, 12), b"read me back");
+    // SEND, RDMA WRITE and RDMA READ from c, then the accepting side as initiator: s
+    // WRITEs into c.
+    let (mc, ms) = send_write_read(&dev, c.side(), s.side());
     ms.fill(6000, b"from the acceptor");
     s.qp.post_send(
         &dev,

@@ -8,106 +8,33 @@
 //! `VRDMA_TEST_IBDEV=<ibdev>[:<port>]` picks the device (default: the first one the kernel
 //! lists, port 1).
 
-use shared_ring::abi::cqe::{CqeOpcode, CqeStatus};
+use shared_ring::abi::cqe::CqeStatus;
 use shared_ring::abi::wqe::{WqeData, WqeOpcode};
+use verbs_common::Side;
 use vrdma_backend::device::testkit::{wqe, TestChannel, TestPair};
-use vrdma_backend::device::verbs::{VerbsDevice, VerbsLib};
+use vrdma_backend::device::verbs::VerbsDevice;
 use vrdma_backend::device::{access, ChannelMode, Device, DomId, EngineConfig};
 
+mod verbs_common;
+
 fn device() -> Option<VerbsDevice> {
-    let (name, port) = match std::env::var("VRDMA_TEST_IBDEV") {
-        Ok(v) => match v.split_once(':') {
-            Some((d, p)) => (d.to_owned(), p.parse().expect("VRDMA_TEST_IBDEV port")),
-            None => (v, 1),
-        },
-        Err(_) => {
-            let mut devs: Vec<String> = std::fs::read_dir("/sys/class/infiniband")
-                .map(|d| {
-                    d.filter_map(|e| e.ok())
-                        .map(|e| e.file_name().to_string_lossy().into_owned())
-                        .collect()
-                })
-                .unwrap_or_default();
-            devs.sort();
-            match devs.into_iter().next() {
-                Some(d) => (d, 1),
-                None => {
-                    eprintln!(
-                        "NOT RUN: no RDMA device on this host (/sys/class/infiniband is empty \
-                         or absent); run these tests where one exists, e.g. rxe0 in the Xen \
-                         lab's dom0 (docs/operations.md, \"verbs device\")"
-                    );
-                    return None;
-                }
-            }
-        }
-    };
-    let lib = VerbsLib::open().expect("libibverbs (the host has an RDMA device)");
-    Some(
-        VerbsDevice::open(&lib, &name, port, EngineConfig::default())
-            .unwrap_or_else(|e| panic!("opening {name} port {port}: {e}")),
-    )
+    verbs_common::open_device().map(|(dev, _)| dev)
 }
 
 fn send_write_read(mode: ChannelMode) {
     let Some(dev) = device() else { return };
     let mut p = TestPair::connected(&dev, (1, 2), mode);
-    let ma = p.a.mr(&dev, 8192, access::ALL);
-    let mb = p.b.mr(&dev, 8192, access::ALL);
-    // SEND a → b.
-    let msg: Vec<u8> = (0..1000u32).map(|i| (i * 7 + 1) as u8).collect();
-    ma.fill(0, &msg);
-    p.bqp.post_recv(&dev, 77, &[mb.sge(4096, 2048)]);
-    p.aqp.post_send(
-        &dev,
-        &wqe(WqeOpcode::Send, 1, &[ma.sge(0, 1000)], (0, 0), 0),
-    );
-    let c = p.acq.wait(&dev);
-    assert_eq!(
-        (c.wr_id, c.status, c.opcode),
-        (1, CqeStatus::Success, CqeOpcode::Send)
-    );
-    let c = p.bcq.wait(&dev);
-    assert_eq!(
-        (c.wr_id, c.status, c.byte_len),
-        (77, CqeStatus::Success, 1000)
-    );
-    assert_eq!(c.qp_num, p.bqp.num.0);
-    assert_eq!(mb.read(4096, 1000), msg);
-    // RDMA WRITE a → b at b's iova (the guest's address space).
-    let pattern: Vec<u8> = (0..4096u32).map(|i| (i * 13 + 5) as u8).collect();
-    ma.fill(4096, &pattern);
-    p.aqp.post_send(
-        &dev,
-        &wqe(
-            WqeOpcode::RdmaWrite,
-            2,
-            &[ma.sge(4096, 4096)],
-            (mb.iova, mb.keys.rkey),
-            0,
-        ),
-    );
-    let c = p.acq.wait(&dev);
-    assert_eq!((c.wr_id, c.status), (2, CqeStatus::Success));
-    assert_eq!(mb.read(0, 4096), pattern);
-    // RDMA READ b → a.
-    mb.fill(100, b"read me back");
-    p.aqp.post_send(
-        &dev,
-        &wqe(
-            WqeOpcode::RdmaRead,
-            3,
-            &[ma.sge(2000, 12)],
-            (mb.iova + 100, mb.keys.rkey),
-            0,
-        ),
-    );
-    let c = p.acq.wait(&dev);
-    assert_eq!(
-        (c.wr_id, c.status, c.opcode),
-        (3, CqeStatus::Success, CqeOpcode::RdmaRead)
-    );
-    assert_eq!(ma.read(2000, 12), b"read me back");
+    let a = Side {
+        ch: &mut p.a,
+        cq: &mut p.acq,
+        qp: &mut p.aqp,
+    };
+    let b = Side {
+        ch: &mut p.b,
+        cq: &mut p.bcq,
+        qp: &mut p.bqp,
+    };
+    let (_ma, mb) = verbs_common::send_write_read(&dev, a, b);
     // Zero-copy: the HCA moved all of that between the two guests' pages; the backend copied
     // nothing (its copy counter is what the lab's `rxe` scenario asserts on).
     for (ch, dom) in [(p.a.id, 1), (p.b.id, 2)] {

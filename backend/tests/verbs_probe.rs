@@ -4,20 +4,12 @@
 
 use std::process::Command;
 
+use verbs_common::kernel_devices;
+
+mod verbs_common;
+
 fn vrdmactl() -> Command {
     Command::new(env!("CARGO_BIN_EXE_vrdmactl"))
-}
-
-fn kernel_devices() -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir("/sys/class/infiniband")
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
 }
 
 #[test]

@@ -10,130 +10,49 @@
 //! Needs the `tshark` command (Debian package `tshark`, in scripts/host-packages.txt). Without
 //! it the test fails, unless `VRDMA_SKIP_TSHARK=1`, when it says loudly that it did not run.
 
-use std::net::Ipv4Addr;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::net::{Ipv4Addr, SocketAddrV4};
 
 use iwarp_proto::fpdu::FpduRepr;
 use iwarp_proto::message::{self, Body, MessageRepr};
 use iwarp_proto::mpa::{FrameKind, IrdOrd, MpaRepr};
 use iwarp_proto::rdmap::{Opcode, ReadRequestRepr};
 use iwarp_proto::terminate::{TermCode, TerminateRepr};
+use tshark_support::pcap::{self, Flow};
+use tshark_support::tshark::{self, dissect, expert, TempPcap};
 
-const INITIATOR: (Ipv4Addr, u16) = (Ipv4Addr::new(127, 0, 0, 2), 40001);
-const RESPONDER: (Ipv4Addr, u16) = (Ipv4Addr::new(127, 0, 0, 3), 40002);
+const INITIATOR: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(127, 0, 0, 2), 40001);
+const RESPONDER: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(127, 0, 0, 3), 40002);
 
-/// What the capture is made of, in order; `true` = initiator → responder.
+/// What the capture is made of, in order.
 struct Capture {
-    pcap: Vec<u8>,
-    frames: usize,
-    seq: [u32; 2],
+    pcap: pcap::Capture,
+    flow: Flow,
     /// (frame number, what it carries) of every FPDU.
     fpdus: Vec<(usize, String)>,
     /// CRC negotiated (both frames' C bit) and in every FPDU.
     crc: bool,
 }
 
-fn checksum(chunks: &[&[u8]]) -> u16 {
-    let mut sum = 0u32;
-    for chunk in chunks {
-        for pair in chunk.chunks(2) {
-            let word = u16::from_be_bytes([pair[0], *pair.get(1).unwrap_or(&0)]);
-            sum += u32::from(word);
-        }
-    }
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
-}
-
 impl Capture {
     fn new(crc: bool) -> Capture {
-        let mut pcap = Vec::new();
-        pcap.extend_from_slice(&0xa1b2_c3d4u32.to_le_bytes());
-        pcap.extend_from_slice(&2u16.to_le_bytes());
-        pcap.extend_from_slice(&4u16.to_le_bytes());
-        pcap.extend_from_slice(&0i32.to_le_bytes());
-        pcap.extend_from_slice(&0u32.to_le_bytes());
-        pcap.extend_from_slice(&65535u32.to_le_bytes());
-        pcap.extend_from_slice(&1u32.to_le_bytes()); // LINKTYPE_ETHERNET
         Capture {
-            pcap,
-            frames: 0,
-            seq: [1000, 5000],
+            pcap: pcap::Capture::new(),
+            flow: Flow::new(INITIATOR, RESPONDER),
             fpdus: Vec::new(),
             crc,
         }
     }
 
-    /// One TCP segment; returns its frame number (1-based, as tshark counts).
-    fn segment(&mut self, forward: bool, flags: u8, payload: &[u8]) -> usize {
-        let (src, dst) = if forward {
-            (INITIATOR, RESPONDER)
-        } else {
-            (RESPONDER, INITIATOR)
-        };
-        let (me, peer) = if forward { (0, 1) } else { (1, 0) };
-        let syn = flags & 0x02 != 0;
-        let seq = self.seq[me];
-        let ack = if flags & 0x10 != 0 { self.seq[peer] } else { 0 };
-        self.seq[me] = seq
-            .wrapping_add(payload.len() as u32)
-            .wrapping_add(u32::from(syn));
-
-        let mut tcp = Vec::with_capacity(20 + payload.len());
-        tcp.extend_from_slice(&src.1.to_be_bytes());
-        tcp.extend_from_slice(&dst.1.to_be_bytes());
-        tcp.extend_from_slice(&seq.to_be_bytes());
-        tcp.extend_from_slice(&ack.to_be_bytes());
-        tcp.push(5 << 4);
-        tcp.push(flags);
-        tcp.extend_from_slice(&65535u16.to_be_bytes());
-        tcp.extend_from_slice(&[0, 0, 0, 0]); // checksum, urgent
-        tcp.extend_from_slice(payload);
-        let mut pseudo = Vec::new();
-        pseudo.extend_from_slice(&src.0.octets());
-        pseudo.extend_from_slice(&dst.0.octets());
-        pseudo.extend_from_slice(&[0, 6]);
-        pseudo.extend_from_slice(&(tcp.len() as u16).to_be_bytes());
-        let c = checksum(&[&pseudo, &tcp]);
-        tcp[16..18].copy_from_slice(&c.to_be_bytes());
-
-        let mut ip = vec![0x45, 0];
-        ip.extend_from_slice(&((20 + tcp.len()) as u16).to_be_bytes());
-        ip.extend_from_slice(&(self.frames as u16).to_be_bytes());
-        ip.extend_from_slice(&[0x40, 0, 64, 6, 0, 0]);
-        ip.extend_from_slice(&src.0.octets());
-        ip.extend_from_slice(&dst.0.octets());
-        let c = checksum(&[&ip]);
-        ip[10..12].copy_from_slice(&c.to_be_bytes());
-
-        let mut frame = Vec::new();
-        frame.extend_from_slice(&[2, 0, 0, 0, 0, if forward { 3 } else { 2 }]);
-        frame.extend_from_slice(&[2, 0, 0, 0, 0, if forward { 2 } else { 3 }]);
-        frame.extend_from_slice(&0x0800u16.to_be_bytes());
-        frame.extend_from_slice(&ip);
-        frame.extend_from_slice(&tcp);
-
-        self.frames += 1;
-        self.pcap
-            .extend_from_slice(&(1_700_000_000u32).to_le_bytes());
-        self.pcap
-            .extend_from_slice(&(self.frames as u32 * 1000).to_le_bytes());
-        self.pcap
-            .extend_from_slice(&(frame.len() as u32).to_le_bytes());
-        self.pcap
-            .extend_from_slice(&(frame.len() as u32).to_le_bytes());
-        self.pcap.extend_from_slice(&frame);
-        self.frames
+    /// One segment, `true` = initiator → responder; its frame number.
+    fn segment(&mut self, forward: bool, payload: &[u8]) -> usize {
+        self.flow.data(&mut self.pcap, forward, payload)
     }
 
     fn fpdu(&mut self, forward: bool, what: &str, ulpdu: &[u8]) -> usize {
         // Every ULPDU sent here is one the receive path parses.
         MessageRepr::parse(ulpdu).unwrap_or_else(|e| panic!("{what}: {e}"));
         let bytes = FpduRepr { ulpdu }.to_vec(self.crc).unwrap();
-        let n = self.segment(forward, 0x18, &bytes);
+        let n = self.segment(forward, &bytes);
         self.fpdus.push((n, what.to_string()));
         n
     }
@@ -195,11 +114,9 @@ fn with_body(op: Opcode, body: Body<'_>, msn: u32) -> Vec<u8> {
 
 fn build(crc: bool) -> Capture {
     let mut c = Capture::new(crc);
-    c.segment(true, 0x02, &[]); // SYN
-    c.segment(false, 0x12, &[]); // SYN ACK
-    c.segment(true, 0x10, &[]); // ACK
-    c.segment(true, 0x18, &mpa_frame(FrameKind::Request, crc, b"vrdma-pd"));
-    c.segment(false, 0x18, &mpa_frame(FrameKind::Reply, crc, b""));
+    c.flow.handshake(&mut c.pcap);
+    c.segment(true, &mpa_frame(FrameKind::Request, crc, b"vrdma-pd"));
+    c.segment(false, &mpa_frame(FrameKind::Reply, crc, b""));
 
     let payload: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
     // RTR: a zero-length RDMA Write.
@@ -282,123 +199,19 @@ fn build(crc: bool) -> Capture {
     c
 }
 
-fn tshark_present() -> bool {
-    match Command::new("tshark").arg("--version").output() {
-        Ok(out) => out.status.success(),
-        Err(_) => false,
-    }
-}
-
-/// A capture file removed when dropped (also when an assertion fails).
-struct TempPcap(PathBuf);
-
-impl Drop for TempPcap {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-fn temp_pcap(name: &str, bytes: &[u8]) -> TempPcap {
-    let path = std::env::temp_dir().join(format!("vrdma-iwarp-{}-{name}.pcap", std::process::id()));
-    std::fs::write(&path, bytes).unwrap();
-    TempPcap(path)
-}
-
-/// Options of every run: the payloads here are arbitrary bytes, so the heuristic ULP
-/// dissectors Wireshark runs on iWARP payloads (RPC-over-RDMA, SMB Direct) are off — they
-/// would judge our test pattern, not our framing.
-const OPTIONS: [&str; 7] = [
-    "-n",
-    "--disable-protocol",
-    "rpcordma",
-    "--disable-protocol",
-    "smb_direct",
-    "-o",
-    "tcp.check_checksum:TRUE",
-];
-
-/// `tshark -V` of a capture, split per frame (index 0 = frame 1).
-fn dissect(path: &Path) -> Vec<String> {
-    let out = Command::new("tshark")
-        .args(OPTIONS)
-        .arg("-r")
-        .arg(path)
-        .arg("-V")
-        .output()
-        .expect("run tshark");
-    assert!(
-        out.status.success(),
-        "tshark failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let mut frames: Vec<String> = Vec::new();
-    for line in text.lines() {
-        if line.starts_with("Frame ") && line.contains(" bytes on wire") {
-            frames.push(String::new());
-        }
-        if let Some(f) = frames.last_mut() {
-            f.push_str(line);
-            f.push('\n');
-        }
-    }
-    frames
-}
-
-/// Expert infos of the capture: (frame, severity, message) from `-T fields`.
-fn expert(path: &Path) -> Vec<(usize, String, String)> {
-    let out = Command::new("tshark")
-        .args(OPTIONS)
-        .arg("-r")
-        .arg(path)
-        .args([
-            "-T",
-            "fields",
-            "-e",
-            "frame.number",
-            "-e",
-            "_ws.expert.severity",
-            "-e",
-            "_ws.expert.message",
-            "-e",
-            "_ws.malformed",
-        ])
-        .output()
-        .expect("run tshark");
-    assert!(out.status.success());
-    let mut found = Vec::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let cols: Vec<&str> = line.split('\t').collect();
-        let frame: usize = cols[0].parse().unwrap();
-        let sev = cols.get(1).copied().unwrap_or("");
-        let msg = cols.get(2).copied().unwrap_or("");
-        let malformed = cols.get(3).copied().unwrap_or("");
-        if !sev.is_empty() || !malformed.is_empty() {
-            found.push((frame, sev.to_string(), format!("{msg} {malformed}")));
-        }
-    }
-    found
-}
-
 #[test]
 fn tshark_dissects_every_fpdu_with_good_crc() {
-    if !tshark_present() {
-        if std::env::var("VRDMA_SKIP_TSHARK").as_deref() == Ok("1") {
-            eprintln!(
-                "\n!!!!! tshark_dissects_every_fpdu_with_good_crc DID NOT RUN: tshark is not \
-                 installed and VRDMA_SKIP_TSHARK=1 !!!!!\n"
-            );
-            return;
-        }
-        panic!(
-            "tshark not found: install it (`apt-get install tshark`, listed in \
-             scripts/host-packages.txt) or set VRDMA_SKIP_TSHARK=1 to skip this check"
-        );
+    if !tshark::need("tshark_dissects_every_fpdu_with_good_crc") {
+        return;
     }
     let capture = build(true);
-    let good = temp_pcap("good", &capture.pcap);
-    let frames = dissect(&good.0);
-    assert_eq!(frames.len(), capture.frames, "tshark read every frame");
+    let good = TempPcap::write("iwarp-good", capture.pcap.bytes());
+    let frames = dissect(good.path());
+    assert_eq!(
+        frames.len(),
+        capture.pcap.frames(),
+        "tshark read every frame"
+    );
     assert!(
         frames[3].contains("MPA Request Frame") || frames[3].contains("Request frame header"),
         "{}",
@@ -439,7 +252,7 @@ fn tshark_dissects_every_fpdu_with_good_crc() {
     }
     // No expert errors anywhere; the only warnings are on the MPA request/reply (Wireshark
     // knows revision 1 only and calls the Enhanced flag reserved).
-    for (frame, sev, msg) in expert(&good.0) {
+    for (frame, sev, msg) in expert(good.path()) {
         assert!(
             sev != "Error" && !msg.contains("Malformed"),
             "frame {frame}: {sev} {msg}"
@@ -456,17 +269,9 @@ fn tshark_dissects_every_fpdu_with_good_crc() {
         .find(|(_, w)| w == "SendSe")
         .cloned()
         .unwrap();
-    let mut bad = capture.pcap.clone();
-    // Walk the pcap records to the target frame; flip the byte after its DDP header.
-    let mut at = 24;
-    for _ in 1..target {
-        let len = u32::from_le_bytes(bad[at + 8..at + 12].try_into().unwrap()) as usize;
-        at += 16 + len;
-    }
-    let payload_at = at + 16 + 14 + 20 + 20 + 2 + 18;
-    bad[payload_at] ^= 0x5a;
-    let bad_path = temp_pcap("bad", &bad);
-    let frames = dissect(&bad_path.0);
+    // The byte after its MPA length (2) and DDP/RDMAP header (18).
+    let bad = TempPcap::write("iwarp-bad", &capture.pcap.with_flipped(target, 2 + 18));
+    let frames = dissect(bad.path());
     for (n, what) in &capture.fpdus {
         let f = &frames[n - 1];
         if *n == target {
@@ -482,8 +287,8 @@ fn tshark_dissects_every_fpdu_with_good_crc() {
     // CRC negotiated off (siw's default): the same traffic with a zero CRC field dissects
     // clean, and Wireshark, told by the frames that there is no CRC, does not check it.
     let plain = build(false);
-    let plain_path = temp_pcap("nocrc", &plain.pcap);
-    let frames = dissect(&plain_path.0);
+    let plain_path = TempPcap::write("iwarp-nocrc", plain.pcap.bytes());
+    let frames = dissect(plain_path.path());
     for (n, what) in &plain.fpdus {
         let f = &frames[n - 1];
         assert!(
@@ -499,7 +304,7 @@ fn tshark_dissects_every_fpdu_with_good_crc() {
             "CRC off: frame {n} ({what}):\n{f}"
         );
     }
-    for (frame, sev, msg) in expert(&plain_path.0) {
+    for (frame, sev, msg) in expert(plain_path.path()) {
         assert!(
             sev != "Error" && !msg.contains("Malformed"),
             "CRC off: frame {frame}: {sev} {msg}"

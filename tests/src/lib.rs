@@ -378,6 +378,10 @@ impl Lab {
             stdin,
             lines: rx,
             domid,
+            host: match self.address {
+                Some(a) => format!("{} ({a})", self.name),
+                None => self.name.clone(),
+            },
         }
     }
 
@@ -433,6 +437,9 @@ pub struct Guest {
     stdin: ChildStdin,
     lines: mpsc::Receiver<String>,
     pub domid: DomId,
+    /// The host it runs on, for messages: its name and address (`host-a (127.0.0.2)`); two
+    /// hosts number their guests alike.
+    pub host: String,
 }
 
 impl Guest {

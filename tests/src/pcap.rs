@@ -7,9 +7,12 @@
 //! zero, when CRC is off; never markers).
 //!
 //! Addresses and ports in the file are the ones given; sequence numbers count from 1000 (the
-//! initiator) and 5000 (the responder).
+//! initiator) and 5000 (the responder). The pcap writing is `tshark_support::pcap`'s, which
+//! `iwarp-proto`'s own Wireshark test uses too.
 
 use std::net::SocketAddrV4;
+
+use tshark_support::pcap::{self, Flow};
 
 use crate::proxy::{Chunk, Dir};
 
@@ -28,24 +31,9 @@ pub enum Unit {
 
 /// A capture being written.
 pub struct Capture {
-    bytes: Vec<u8>,
+    pcap: pcap::Capture,
     /// (frame number from 1, what it is, connection, initiator → responder).
     pub frames: Vec<(usize, Unit, u64, bool)>,
-    /// Where each frame's TCP payload starts in the file (index 0 = frame 1).
-    payload_at: Vec<usize>,
-}
-
-fn checksum(chunks: &[&[u8]]) -> u16 {
-    let mut sum = 0u32;
-    for chunk in chunks {
-        for pair in chunk.chunks(2) {
-            sum += u32::from(u16::from_be_bytes([pair[0], *pair.get(1).unwrap_or(&0)]));
-        }
-    }
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
 }
 
 /// Cuts whole frames off the front of one direction's pending bytes.
@@ -84,24 +72,15 @@ impl Default for Capture {
 
 impl Capture {
     pub fn new() -> Capture {
-        let mut bytes = Vec::new();
-        bytes.extend_from_slice(&0xa1b2_c3d4u32.to_le_bytes());
-        bytes.extend_from_slice(&2u16.to_le_bytes());
-        bytes.extend_from_slice(&4u16.to_le_bytes());
-        bytes.extend_from_slice(&0i32.to_le_bytes());
-        bytes.extend_from_slice(&0u32.to_le_bytes());
-        bytes.extend_from_slice(&262_144u32.to_le_bytes()); // snap length
-        bytes.extend_from_slice(&1u32.to_le_bytes()); // LINKTYPE_ETHERNET
         Capture {
-            bytes,
+            pcap: pcap::Capture::new(),
             frames: Vec::new(),
-            payload_at: Vec::new(),
         }
     }
 
     /// The pcap file.
     pub fn bytes(&self) -> &[u8] {
-        &self.bytes
+        self.pcap.bytes()
     }
 
     /// The frames that carry `unit`.
@@ -109,73 +88,24 @@ impl Capture {
         self.frames.iter().filter(|f| f.1 == unit).count()
     }
 
-    /// One TCP segment from `src` to `dst`.
-    fn segment(
-        &mut self,
-        src: SocketAddrV4,
-        dst: SocketAddrV4,
-        seq: u32,
-        ack: u32,
-        flags: u8,
-        payload: &[u8],
-    ) {
-        assert!(
-            payload.len() <= 65_495,
-            "a segment of {} bytes",
-            payload.len()
-        );
-        let mut tcp = Vec::with_capacity(20 + payload.len());
-        tcp.extend_from_slice(&src.port().to_be_bytes());
-        tcp.extend_from_slice(&dst.port().to_be_bytes());
-        tcp.extend_from_slice(&seq.to_be_bytes());
-        tcp.extend_from_slice(&ack.to_be_bytes());
-        tcp.push(5 << 4);
-        tcp.push(flags);
-        tcp.extend_from_slice(&65535u16.to_be_bytes());
-        tcp.extend_from_slice(&[0, 0, 0, 0]);
-        tcp.extend_from_slice(payload);
-        let mut pseudo = Vec::new();
-        pseudo.extend_from_slice(&src.ip().octets());
-        pseudo.extend_from_slice(&dst.ip().octets());
-        pseudo.extend_from_slice(&[0, 6]);
-        pseudo.extend_from_slice(&(tcp.len() as u16).to_be_bytes());
-        let c = checksum(&[&pseudo, &tcp]);
-        tcp[16..18].copy_from_slice(&c.to_be_bytes());
-
-        let n = self.frames.len() + 1;
-        let mut ip = vec![0x45, 0];
-        ip.extend_from_slice(&((20 + tcp.len()) as u16).to_be_bytes());
-        ip.extend_from_slice(&(n as u16).to_be_bytes());
-        ip.extend_from_slice(&[0x40, 0, 64, 6, 0, 0]);
-        ip.extend_from_slice(&src.ip().octets());
-        ip.extend_from_slice(&dst.ip().octets());
-        let c = checksum(&[&ip]);
-        ip[10..12].copy_from_slice(&c.to_be_bytes());
-
-        let mut frame = Vec::with_capacity(14 + ip.len() + tcp.len());
-        frame.extend_from_slice(&[2, 0, 0, 0, 0, dst.ip().octets()[3]]);
-        frame.extend_from_slice(&[2, 0, 0, 0, 0, src.ip().octets()[3]]);
-        frame.extend_from_slice(&0x0800u16.to_be_bytes());
-        frame.extend_from_slice(&ip);
-        frame.extend_from_slice(&tcp);
-        self.bytes
-            .extend_from_slice(&1_700_000_000u32.to_le_bytes());
-        self.bytes
-            .extend_from_slice(&((n as u32) % 1_000_000).to_le_bytes());
-        self.bytes
-            .extend_from_slice(&(frame.len() as u32).to_le_bytes());
-        self.bytes
-            .extend_from_slice(&(frame.len() as u32).to_le_bytes());
-        self.payload_at.push(self.bytes.len() + 14 + 20 + 20);
-        self.bytes.extend_from_slice(&frame);
-    }
-
     /// The capture with the byte at `offset` of frame `frame`'s TCP payload XORed with 0xff
     /// (the TCP checksum left as it was: what a bad CRC must catch, not TCP).
     pub fn with_flipped(&self, frame: usize, offset: usize) -> Vec<u8> {
-        let mut b = self.bytes.clone();
-        b[self.payload_at[frame - 1] + offset] ^= 0xff;
-        b
+        self.pcap.with_flipped(frame, offset)
+    }
+
+    /// One segment of `flow` (see [`Flow::segment`]), recorded in [`Capture::frames`].
+    fn segment(
+        &mut self,
+        flow: &mut Flow,
+        conn: u64,
+        forward: bool,
+        flags: u8,
+        unit: Unit,
+        payload: &[u8],
+    ) {
+        let n = flow.segment(&mut self.pcap, forward, flags, payload);
+        self.frames.push((n, unit, conn, forward));
     }
 
     /// Adds connection `conn` of `chunks` (a proxy's recording; other connections' chunks are
@@ -188,19 +118,15 @@ impl Capture {
         initiator: SocketAddrV4,
         responder: SocketAddrV4,
     ) -> [usize; 2] {
-        let mut seq = [1000u32, 5000u32];
-        let ends = [(initiator, responder), (responder, initiator)];
+        let mut flow = Flow::new(initiator, responder);
         // Handshake: SYN, SYN-ACK, ACK.
-        self.segment(initiator, responder, seq[0], 0, 0x02, &[]);
-        self.frames
-            .push((self.frames.len() + 1, Unit::Handshake, conn, true));
-        self.segment(responder, initiator, seq[1], seq[0] + 1, 0x12, &[]);
-        self.frames
-            .push((self.frames.len() + 1, Unit::Handshake, conn, false));
-        seq = [seq[0] + 1, seq[1] + 1];
-        self.segment(initiator, responder, seq[0], seq[1], 0x10, &[]);
-        self.frames
-            .push((self.frames.len() + 1, Unit::Handshake, conn, true));
+        for (forward, flags) in [
+            (true, pcap::SYN),
+            (false, pcap::SYN | pcap::ACK),
+            (true, pcap::ACK),
+        ] {
+            self.segment(&mut flow, conn, forward, flags, Unit::Handshake, &[]);
+        }
         let mut framers = [
             Framer {
                 pending: Vec::new(),
@@ -211,11 +137,8 @@ impl Capture {
                 setup: true,
             },
         ];
-        let emit = |cap: &mut Capture, d: usize, unit: Unit, payload: &[u8], seq: &mut [u32; 2]| {
-            let (src, dst) = ends[d];
-            cap.segment(src, dst, seq[d], seq[1 - d], 0x18, payload);
-            cap.frames.push((cap.frames.len() + 1, unit, conn, d == 0));
-            seq[d] = seq[d].wrapping_add(payload.len() as u32);
+        let mut emit = |cap: &mut Capture, d: usize, unit: Unit, payload: &[u8]| {
+            cap.segment(&mut flow, conn, d == 0, pcap::PSH_ACK, unit, payload);
         };
         for c in chunks.iter().filter(|c| c.conn == conn) {
             let d = match c.dir {
@@ -224,7 +147,7 @@ impl Capture {
             };
             framers[d].pending.extend_from_slice(&c.bytes);
             while let Some((unit, bytes)) = framers[d].next() {
-                emit(self, d, unit, &bytes, &mut seq);
+                emit(self, d, unit, &bytes);
             }
         }
         let mut left = [0; 2];
@@ -232,7 +155,7 @@ impl Capture {
             let rest = std::mem::take(&mut framers[d].pending);
             left[d] = rest.len();
             for piece in rest.chunks(65_000) {
-                emit(self, d, Unit::Partial, piece, &mut seq);
+                emit(self, d, Unit::Partial, piece);
             }
         }
         left

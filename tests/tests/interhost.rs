@@ -14,10 +14,9 @@
 //! off). Without `tshark` that test fails unless `VRDMA_SKIP_TSHARK=1`.
 
 use std::net::{SocketAddr, SocketAddrV4};
-use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
+use tshark_support::tshark::{self, dissect, expert, TempPcap};
 use vrdma_tests::pcap::{Capture, Unit};
 use vrdma_tests::proxy::{Dir, Fault, Proxy};
 use vrdma_tests::{Guest, Lab, TwoHosts, Wc};
@@ -38,6 +37,16 @@ fn config(crc: &str) -> String {
 fn setup(g: &mut Guest, mr: usize) -> String {
     g.cmd("cq c 1024");
     g.cmd(&format!("mr m {mr}"))
+}
+
+/// Both hosts (MPA CRC policy `crc`, see [`config`]) and a guest on each (device open in
+/// `mode`), each [`setup`] with a region of `mr` bytes; A's and B's remote strings.
+fn start(crc: &str, mode: &str, mr: usize) -> (TwoHosts, Guest, Guest, String, String) {
+    let hosts = TwoHosts::start_with_config(&config(crc));
+    let (mut a, mut b) = hosts.guests(GUEST.as_ref(), mode);
+    let ra = setup(&mut a, mr);
+    let rb = setup(&mut b, mr);
+    (hosts, a, b, ra, rb)
 }
 
 /// `n` QPs `q0..` on each guest, connected A → B (B's listener `l` on a kernel-chosen port),
@@ -63,22 +72,49 @@ fn connect(a: &mut Guest, b: &mut Guest, n: usize) -> (SocketAddr, String) {
     (listen, first)
 }
 
+/// The guest and its host, for messages (both hosts number their guests from 1).
+fn who(g: &Guest) -> String {
+    format!("guest {} on {}", g.domid, g.host)
+}
+
+/// What helps with a hang: the events `g`'s device reported (`kind:QP:detail`; a QP that
+/// failed or disconnected says so there).
+fn events(g: &mut Guest) -> String {
+    match g.try_cmd("events") {
+        Ok(e) => format!("its events: [{e}]"),
+        Err(e) => format!("no events: {e}"),
+    }
+}
+
 /// Exactly `n` completions on `g`'s CQ `c` within the bound.
 fn wcs(g: &mut Guest, n: usize) -> Vec<Wc> {
     let w = Guest::completions(&g.cmd(&format!("poll c {n} {WAIT_MS}")));
-    assert_eq!(w.len(), n, "guest {}: {w:?}", g.domid);
+    if w.len() != n {
+        panic!(
+            "{}: {} of {n} completions in {WAIT_MS} ms: {w:?}; {}",
+            who(g),
+            w.len(),
+            events(g)
+        );
+    }
     w
 }
 
+/// One completion on `g`'s CQ `c` within the bound, successful (`what` names it).
 fn one_ok(g: &mut Guest, what: &str) -> Wc {
-    let w = Guest::completions(&g.cmd(&format!("poll c 1 {WAIT_MS}")));
+    one_ok_within(g, what, WAIT_MS)
+}
+
+fn one_ok_within(g: &mut Guest, what: &str, ms: u64) -> Wc {
+    let w = Guest::completions(&g.cmd(&format!("poll c 1 {ms}")));
     let Some(w) = w.into_iter().next() else {
         panic!(
-            "guest {}: no completion of the {what} in {WAIT_MS} ms",
-            g.domid
+            "{}: no completion of the {what} in {ms} ms; {}",
+            who(g),
+            events(g)
         )
     };
-    assert!(w.ok(), "{what}: {w:?}");
+    assert!(w.ok(), "{}: {what}: {w:?}", who(g));
     w
 }
 
@@ -133,10 +169,7 @@ fn remote_at(r: &str, off: usize) -> String {
 }
 
 fn all_sizes_both_ways(mode: &str) {
-    let hosts = TwoHosts::start_with_config(&config("offer"));
-    let (mut a, mut b) = hosts.guests(GUEST.as_ref(), mode);
-    let ra = setup(&mut a, 2 * BIG);
-    let rb = setup(&mut b, 2 * BIG);
+    let (_hosts, mut a, mut b, ra, rb) = start("offer", mode, 2 * BIG);
     let (_, negotiated) = connect(&mut a, &mut b, 1);
     eprintln!("{mode}: connected, A's ird/ord/private: {negotiated}");
     for (i, size) in [1usize, 4096, MIB, BIG].into_iter().enumerate() {
@@ -160,10 +193,7 @@ fn send_write_read_1b_to_16mib_both_ways_mediated() {
 /// byte lands in its QP's own range.
 #[test]
 fn eight_qps_between_two_guests_at_once() {
-    let hosts = TwoHosts::start_with_config(&config("offer"));
-    let (mut a, mut b) = hosts.guests(GUEST.as_ref(), "bypass");
-    let _ra = setup(&mut a, 2 * BIG);
-    let rb = setup(&mut b, 2 * BIG);
+    let (_hosts, mut a, mut b, _, rb) = start("offer", "bypass", 2 * BIG);
     connect(&mut a, &mut b, 8);
     for i in 0..8usize {
         a.cmd(&format!("fill m {} {} {MIB}", 1000 + i, i * MIB));
@@ -215,10 +245,7 @@ fn eight_qps_between_two_guests_at_once() {
 /// The negotiated ORD is printed; READs beyond it wait their turn in the backend.
 #[test]
 fn eight_reads_outstanding_complete_in_order() {
-    let hosts = TwoHosts::start_with_config(&config("offer"));
-    let (mut a, mut b) = hosts.guests(GUEST.as_ref(), "bypass");
-    setup(&mut a, 8 * MIB);
-    let rb = setup(&mut b, 8 * MIB);
+    let (_hosts, mut a, mut b, _, rb) = start("offer", "bypass", 8 * MIB);
     let (_, negotiated) = connect(&mut a, &mut b, 1);
     eprintln!("ird ord private at A: {negotiated}");
     // Both ends may have all eight outstanding at once.
@@ -252,10 +279,7 @@ fn eight_reads_outstanding_complete_in_order() {
 fn event(g: &mut Guest, q: &str, kind: &str) -> String {
     match g.try_cmd(&format!("event {q} {kind} 30000")) {
         Ok(s) => s,
-        Err(e) => {
-            let d = g.domid;
-            panic!("guest {d}: {e}; all events: {:?}", g.try_cmd("events"))
-        }
+        Err(e) => panic!("{}: {e}; {}", who(g), events(g)),
     }
 }
 
@@ -270,8 +294,8 @@ fn assert_flushed(g: &mut Guest, n: usize) {
     let w = wcs(g, n);
     assert!(
         w.iter().all(|w| w.status == "WrFlushError"),
-        "guest {}: {w:?}",
-        g.domid
+        "{}: {w:?}",
+        who(g)
     );
     let mut ids: Vec<u64> = w.iter().map(|w| w.wr_id).collect();
     ids.sort();
@@ -302,44 +326,46 @@ fn sockets(lab: &Lab) -> usize {
     fds(lab).iter().filter(|f| f.starts_with("socket:")).count()
 }
 
-/// Waits (bounded) until `lab`'s backend holds no more sockets than `base`; its socket count.
-fn sockets_back_to(lab: &Lab, base: usize) -> usize {
+/// Polls `done` every 20 ms for up to 30 s; whether it came true.
+fn within_30s(mut done: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let n = sockets(lab);
-        if n <= base || Instant::now() > deadline {
-            return n;
+        if done() {
+            return true;
         }
-        std::thread::sleep(Duration::from_millis(50));
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
-/// Waits (bounded) until domain `g`'s device on `lab` counts no QPs, MRs or channels.
+/// Waits (bounded) until `lab`'s backend holds no more sockets than `base`; its socket count.
+fn sockets_back_to(lab: &Lab, base: usize) -> usize {
+    within_30s(|| sockets(lab) <= base);
+    sockets(lab)
+}
+
+/// Waits (bounded) until domain `g`'s device on `lab` counts no QPs, MRs or channels; what
+/// it still counts.
 fn drained(lab: &Lab, d: xen_platform::DomId) -> Vec<(String, u64)> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let left: Vec<(String, u64)> = lab
-            .stats(d)
+    let left = || -> Vec<(String, u64)> {
+        lab.stats(d)
             .into_iter()
             .filter(|(k, v)| {
                 ["qps", "mrs", "channels", "cqs", "pds"].contains(&k.as_str()) && *v != 0
             })
-            .collect();
-        if left.is_empty() || Instant::now() > deadline {
-            return left;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+            .collect()
+    };
+    within_30s(|| left().is_empty());
+    left()
 }
 
 /// Disconnect from B, then (a new connection) from A: both ends see `QpDisconnected` and their
 /// posted RECVs come back `WrFlushError`; a new connection after each works.
 #[test]
 fn disconnect_from_either_side_flushes_both() {
-    let hosts = TwoHosts::start_with_config(&config("offer"));
-    let (mut a, mut b) = hosts.guests(GUEST.as_ref(), "bypass");
-    let ra = setup(&mut a, 2 * BIG);
-    let rb = setup(&mut b, 2 * BIG);
+    let (_hosts, mut a, mut b, ra, rb) = start("offer", "bypass", 2 * BIG);
     connect(&mut a, &mut b, 1);
     traffic(&mut a, &mut b, &rb, "q0", 4096, 1);
     post_recvs(&mut a, "q0", 3);
@@ -382,6 +408,34 @@ fn connect_one(a: &mut Guest, b: &mut Guest, l: &str, to: SocketAddr, q: &str) {
     a.send_only(&format!("connect_to {q} {to} 10000"));
     b.cmd(&format!("accept {l} {q} 10000"));
     a.reply().unwrap_or_else(|e| panic!("connect {q}: {e}"));
+}
+
+/// B listens (`l`), a proxy made by `proxy` stands in front of its listener, and QP `q0`
+/// connects A → B through it. Returns B's listener address and the proxy.
+fn connect_through(
+    a: &mut Guest,
+    b: &mut Guest,
+    proxy: impl FnOnce(SocketAddr) -> std::io::Result<Proxy>,
+) -> (SocketAddr, Proxy) {
+    let listen: SocketAddr = b.cmd("listen l 0").parse().unwrap();
+    let proxy = proxy(listen).expect("proxy");
+    connect_one(a, b, "l", proxy.addr(), "q0");
+    (listen, proxy)
+}
+
+/// QP `q` of both guests and B's listener `l` dropped, then [`assert_no_leak`].
+fn drop_and_assert_no_leak(
+    hosts: &mut TwoHosts,
+    base: Baseline,
+    mut a: Guest,
+    mut b: Guest,
+    q: &str,
+) {
+    for g in [&mut a, &mut b] {
+        g.cmd(&format!("drop {q}"));
+    }
+    b.cmd("drop l");
+    assert_no_leak(hosts, base, vec![(true, a), (false, b)]);
 }
 
 /// What the leak check compares: each backend's sockets with the guests' channels open and
@@ -432,15 +486,11 @@ fn assert_no_leak(hosts: &mut TwoHosts, base: Baseline, guests: Vec<(bool, Guest
 
 /// The device of `g` on `lab` counts `name` ≥ 1 now (the stats the leak check reads exist).
 fn assert_counted(lab: &Lab, g: &Guest, name: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while stat(lab, g, name) == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "no {name} in {:?}",
-            lab.stats(g.domid)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert!(
+        within_30s(|| stat(lab, g, name) > 0),
+        "no {name} in {:?}",
+        lab.stats(g.domid)
+    );
 }
 
 /// A guest process killed (SIGKILL) while it RDMA WRITEs to B in a loop: B's QP gets
@@ -448,10 +498,7 @@ fn assert_counted(lab: &Lab, g: &Guest, name: &str) {
 /// guest on A connects to the same listener and moves verified data); nothing leaks.
 #[test]
 fn a_killed_guest_disconnects_its_peer_and_both_backends_keep_serving() {
-    let mut hosts = TwoHosts::start_with_config(&config("offer"));
-    let (mut a, mut b) = hosts.guests(GUEST.as_ref(), "bypass");
-    setup(&mut a, 4 * MIB);
-    let rb = setup(&mut b, 4 * MIB);
+    let (mut hosts, mut a, mut b, _, rb) = start("offer", "bypass", 4 * MIB);
     let base = baseline(&hosts);
     let (listen, _) = connect(&mut a, &mut b, 1);
     assert_counted(&hosts.b, &b, "qps");
@@ -471,11 +518,7 @@ fn a_killed_guest_disconnects_its_peer_and_both_backends_keep_serving() {
     connect_one(&mut a2, &mut b, "l", listen, "q1");
     traffic(&mut a2, &mut b, &rb, "q1", MIB, 7);
     b.cmd("drop q0");
-    for g in [&mut a2, &mut b] {
-        g.cmd("drop q1");
-    }
-    b.cmd("drop l");
-    assert_no_leak(&mut hosts, base, vec![(true, a2), (false, b)]);
+    drop_and_assert_no_leak(&mut hosts, base, a2, b, "q1");
 }
 
 /// Host A's backend killed (SIGKILL) with a connection up: B's QP gets `QpDisconnected` and
@@ -483,10 +526,7 @@ fn a_killed_guest_disconnects_its_peer_and_both_backends_keep_serving() {
 /// nothing.
 #[test]
 fn a_killed_backend_disconnects_the_other_host() {
-    let mut hosts = TwoHosts::start_with_config(&config("offer"));
-    let (mut a, mut b) = hosts.guests(GUEST.as_ref(), "mediated");
-    setup(&mut a, 2 * BIG);
-    let rb = setup(&mut b, 2 * BIG);
+    let (mut hosts, mut a, mut b, _, rb) = start("offer", "mediated", 2 * BIG);
     let base = baseline(&hosts);
     connect(&mut a, &mut b, 1);
     traffic(&mut a, &mut b, &rb, "q0", 4096, 3);
@@ -507,15 +547,11 @@ fn a_killed_backend_disconnects_the_other_host() {
 /// get `QpDisconnected`, B's RECVs are flushed; nothing leaks (the proxy is gone too).
 #[test]
 fn a_reset_mid_transfer_flushes_both_sides() {
-    let mut hosts = TwoHosts::start_with_config(&config("offer"));
-    let (mut a, mut b) = hosts.guests(GUEST.as_ref(), "bypass");
-    setup(&mut a, 2 * BIG);
-    let rb = setup(&mut b, 2 * BIG);
+    let (mut hosts, mut a, mut b, _, rb) = start("offer", "bypass", 2 * BIG);
     let base = baseline(&hosts);
-    let listen: SocketAddr = b.cmd("listen l 0").parse().unwrap();
-    let proxy =
-        Proxy::in_front_of(listen, Fault::ResetAfter(4 * MIB as u64), Dir::ToTarget).unwrap();
-    connect_one(&mut a, &mut b, "l", proxy.addr(), "q0");
+    let (_, proxy) = connect_through(&mut a, &mut b, |l| {
+        Proxy::in_front_of(l, Fault::ResetAfter(4 * MIB as u64), Dir::ToTarget)
+    });
     post_recvs(&mut b, "q0", 2);
     a.cmd(&format!("write q0 m 0 {BIG} {rb} 1"));
     let w = wcs(&mut a, 1).remove(0);
@@ -527,11 +563,7 @@ fn a_reset_mid_transfer_flushes_both_sides() {
     assert_eq!(proxy.faults_fired(), 1);
     eprintln!("reset: A saw {seen_a}, B saw {seen_b}");
     drop(proxy);
-    for g in [&mut a, &mut b] {
-        g.cmd("drop q0");
-    }
-    b.cmd("drop l");
-    assert_no_leak(&mut hosts, base, vec![(true, a), (false, b)]);
+    drop_and_assert_no_leak(&mut hosts, base, a, b, "q0");
 }
 
 /// A byte flipped (XOR 0xff) in the middle of A's 1 MiB WRITE, CRC on: B finds the CRC
@@ -539,14 +571,11 @@ fn a_reset_mid_transfer_flushes_both_sides() {
 /// status and events by name; nothing leaks.
 #[test]
 fn a_corrupted_byte_with_crc_terminates_both_sides() {
-    let mut hosts = TwoHosts::start_with_config(&config("require"));
-    let (mut a, mut b) = hosts.guests(GUEST.as_ref(), "bypass");
-    setup(&mut a, 2 * MIB);
-    let rb = setup(&mut b, 2 * MIB);
+    let (mut hosts, mut a, mut b, _, rb) = start("require", "bypass", 2 * MIB);
     let base = baseline(&hosts);
-    let listen: SocketAddr = b.cmd("listen l 0").parse().unwrap();
-    let proxy = Proxy::in_front_of(listen, Fault::FlipByte(300_000), Dir::ToTarget).unwrap();
-    connect_one(&mut a, &mut b, "l", proxy.addr(), "q0");
+    let (_, proxy) = connect_through(&mut a, &mut b, |l| {
+        Proxy::in_front_of(l, Fault::FlipByte(300_000), Dir::ToTarget)
+    });
     post_recvs(&mut b, "q0", 2);
     a.cmd(&format!("fill m 5 0 {MIB}"));
     a.cmd(&format!("write q0 m 0 {MIB} {rb} 1"));
@@ -575,11 +604,7 @@ fn a_corrupted_byte_with_crc_terminates_both_sides() {
         "{flushed:?}"
     );
     drop(proxy);
-    for g in [&mut a, &mut b] {
-        g.cmd("drop q0");
-    }
-    b.cmd("drop l");
-    assert_no_leak(&mut hosts, base, vec![(true, a), (false, b)]);
+    drop_and_assert_no_leak(&mut hosts, base, a, b, "q0");
 }
 
 /// The proxy stops forwarding (both ways, both connections kept open) after 1 MiB of A's
@@ -589,14 +614,11 @@ fn a_corrupted_byte_with_crc_terminates_both_sides() {
 /// Prints how long A took.
 #[test]
 fn a_stalled_connection_fails_at_the_tcp_timeout() {
-    let mut hosts = TwoHosts::start_with_config(&config("offer"));
-    let (mut a, mut b) = hosts.guests(GUEST.as_ref(), "bypass");
-    setup(&mut a, 2 * BIG);
-    let rb = setup(&mut b, 2 * BIG);
+    let (mut hosts, mut a, mut b, _, rb) = start("offer", "bypass", 2 * BIG);
     let base = baseline(&hosts);
-    let listen: SocketAddr = b.cmd("listen l 0").parse().unwrap();
-    let proxy = Proxy::in_front_of(listen, Fault::StallAfter(MIB as u64), Dir::ToTarget).unwrap();
-    connect_one(&mut a, &mut b, "l", proxy.addr(), "q0");
+    let (_, proxy) = connect_through(&mut a, &mut b, |l| {
+        Proxy::in_front_of(l, Fault::StallAfter(MIB as u64), Dir::ToTarget)
+    });
     post_recvs(&mut b, "q0", 2);
     let t = Instant::now();
     a.cmd(&format!("write q0 m 0 {BIG} {rb} 1"));
@@ -611,105 +633,15 @@ fn a_stalled_connection_fails_at_the_tcp_timeout() {
     let seen_b = event(&mut b, "q0", "QpDisconnected");
     assert_flushed(&mut b, 2);
     eprintln!("stall: A saw {seen_a}, B saw {seen_b} once the proxy closed");
-    for g in [&mut a, &mut b] {
-        g.cmd("drop q0");
-    }
-    b.cmd("drop l");
-    assert_no_leak(&mut hosts, base, vec![(true, a), (false, b)]);
-}
-
-fn tshark_present() -> bool {
-    Command::new("tshark")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-/// Options of every tshark run (as `iwarp-proto/tests/tshark.rs`): the payloads are test
-/// patterns, so the heuristic ULP dissectors on iWARP payloads (RPC-over-RDMA, SMB Direct)
-/// are off — they would judge the pattern, not the framing.
-const TSHARK_OPTIONS: [&str; 7] = [
-    "-n",
-    "--disable-protocol",
-    "rpcordma",
-    "--disable-protocol",
-    "smb_direct",
-    "-o",
-    "tcp.check_checksum:TRUE",
-];
-
-/// `tshark -V` of a capture, one string per frame (index 0 = frame 1).
-fn dissect(path: &Path) -> Vec<String> {
-    let out = Command::new("tshark")
-        .args(TSHARK_OPTIONS)
-        .arg("-r")
-        .arg(path)
-        .arg("-V")
-        .output()
-        .expect("run tshark");
-    assert!(
-        out.status.success(),
-        "tshark: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mut frames: Vec<String> = Vec::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        if line.starts_with("Frame ") && line.contains(" bytes on wire") {
-            frames.push(String::new());
-        }
-        if let Some(f) = frames.last_mut() {
-            f.push_str(line);
-            f.push('\n');
-        }
-    }
-    frames
-}
-
-/// Expert infos and malformed marks: (frame, severity, message).
-fn expert(path: &Path) -> Vec<(usize, String, String)> {
-    let out = Command::new("tshark")
-        .args(TSHARK_OPTIONS)
-        .arg("-r")
-        .arg(path)
-        .args([
-            "-T",
-            "fields",
-            "-e",
-            "frame.number",
-            "-e",
-            "_ws.expert.severity",
-        ])
-        .args(["-e", "_ws.expert.message", "-e", "_ws.malformed"])
-        .output()
-        .expect("run tshark");
-    assert!(out.status.success());
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|line| {
-            let c: Vec<&str> = line.split('\t').collect();
-            let (sev, msg, bad) = (c.get(1)?, c.get(2).unwrap_or(&""), c.get(3).unwrap_or(&""));
-            (!sev.is_empty() || !bad.is_empty()).then(|| {
-                (
-                    c[0].parse().unwrap(),
-                    sev.to_string(),
-                    format!("{msg} {bad}"),
-                )
-            })
-        })
-        .collect()
+    drop_and_assert_no_leak(&mut hosts, base, a, b, "q0");
 }
 
 /// A run between the hosts through a recording proxy (MPA `crc` policy on both backends):
 /// SEND, WRITE and READ of 1 B, 4 KiB and 256 KiB each way, then a disconnect. Returns the
 /// capture of the one connection.
 fn recorded_run(crc: &str) -> Capture {
-    let hosts = TwoHosts::start_with_config(&config(crc));
-    let (mut a, mut b) = hosts.guests(GUEST.as_ref(), "bypass");
-    let ra = setup(&mut a, 2 * BIG);
-    let rb = setup(&mut b, 2 * BIG);
-    let listen: SocketAddr = b.cmd("listen l 0").parse().unwrap();
-    let proxy = Proxy::recording(listen).unwrap();
-    connect_one(&mut a, &mut b, "l", proxy.addr(), "q0");
+    let (_hosts, mut a, mut b, ra, rb) = start(crc, "bypass", 2 * BIG);
+    let (listen, proxy) = connect_through(&mut a, &mut b, Proxy::recording);
     for (i, size) in [1usize, 4096, 256 << 10].into_iter().enumerate() {
         traffic(&mut a, &mut b, &rb, "q0", size, 40 + i as u64);
         traffic(&mut b, &mut a, &ra, "q0", size, 80 + i as u64);
@@ -717,14 +649,10 @@ fn recorded_run(crc: &str) -> Capture {
     a.cmd("disconnect q0");
     event(&mut b, "q0", "QpDisconnected");
     // Both ends closed their streams: the proxy's connection ends (bounded wait).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while proxy.open_connections() > 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the proxied connection stays open"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert!(
+        within_30s(|| proxy.open_connections() == 0),
+        "the proxied connection stays open"
+    );
     let chunks = proxy.recorded();
     assert_eq!(proxy.accepted(), 1);
     let mut cap = Capture::new();
@@ -737,47 +665,14 @@ fn recorded_run(crc: &str) -> Capture {
     cap
 }
 
-/// Skips (loudly) when tshark is missing and `VRDMA_SKIP_TSHARK=1`; fails when it is missing
-/// otherwise.
-fn need_tshark(test: &str) -> bool {
-    if tshark_present() {
-        return true;
-    }
-    if std::env::var("VRDMA_SKIP_TSHARK").as_deref() == Ok("1") {
-        eprintln!(
-            "\n!!!!! {test} DID NOT RUN: tshark is not installed and VRDMA_SKIP_TSHARK=1 !!!!!\n"
-        );
-        return false;
-    }
-    panic!(
-        "tshark not found: install it (`apt-get install tshark`, listed in \
-         scripts/host-packages.txt) or set VRDMA_SKIP_TSHARK=1 to skip this check"
-    );
-}
-
-/// A capture file removed when dropped.
-struct TempPcap(std::path::PathBuf);
-
-impl Drop for TempPcap {
-    fn drop(&mut self) {
-        if std::env::var_os("VRDMA_KEEP_PCAP").is_none() {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
-}
-
 /// Checks a recorded run with tshark: every frame read, the MPA request and reply dissected,
 /// every FPDU `iwarp_mpa` + `iwarp_ddp_rdmap` with a good CRC (`crc`) or a zero, unchecked
 /// CRC field (not `crc`), no malformed frame, no expert error, warnings only on the MPA
 /// frames (Wireshark calls the Enhanced flag reserved); SEND, WRITE, Read Request and Read
 /// Response all present.
 fn check_with_tshark(cap: &Capture, crc: bool, name: &str) {
-    let path = TempPcap(std::env::temp_dir().join(format!(
-        "vrdma-interhost-{}-{name}.pcap",
-        std::process::id()
-    )));
-    std::fs::write(&path.0, cap.bytes()).unwrap();
-    let frames = dissect(&path.0);
+    let path = TempPcap::write(&format!("interhost-{name}"), cap.bytes());
+    let frames = dissect(path.path());
     assert_eq!(frames.len(), cap.frames.len(), "tshark read every frame");
     let fpdus = cap.count(Unit::Fpdu);
     assert!(fpdus > 20, "only {fpdus} FPDUs recorded");
@@ -835,7 +730,7 @@ fn check_with_tshark(cap: &Capture, crc: bool, name: &str) {
         .filter(|f| f.1 == Unit::Mpa)
         .map(|f| f.0)
         .collect();
-    for (frame, sev, msg) in expert(&path.0) {
+    for (frame, sev, msg) in expert(path.path()) {
         assert!(
             sev != "Error" && !msg.contains("Malformed"),
             "frame {frame}: {sev} {msg}"
@@ -859,9 +754,11 @@ fn check_with_tshark(cap: &Capture, crc: bool, name: &str) {
             .nth(9)
             .unwrap()
             .0;
-        let bad = TempPcap(path.0.with_extension("bad.pcap"));
-        std::fs::write(&bad.0, cap.with_flipped(target, 21)).unwrap();
-        let frames = dissect(&bad.0);
+        let bad = TempPcap::write(
+            &format!("interhost-{name}-bad"),
+            &cap.with_flipped(target, 21),
+        );
+        let frames = dissect(bad.path());
         for &(n, unit, _, _) in &cap.frames {
             if unit == Unit::Fpdu {
                 let f = &frames[n - 1];
@@ -884,7 +781,7 @@ fn check_with_tshark(cap: &Capture, crc: bool, name: &str) {
 /// "Good CRC32" and nothing malformed.
 #[test]
 fn tshark_reads_recorded_traffic_with_good_crc() {
-    if need_tshark("tshark_reads_recorded_traffic_with_good_crc") {
+    if tshark::need("tshark_reads_recorded_traffic_with_good_crc") {
         let cap = recorded_run("offer");
         check_with_tshark(&cap, true, "crc");
     }
@@ -894,7 +791,7 @@ fn tshark_reads_recorded_traffic_with_good_crc() {
 /// its CRC field zero and not checked.
 #[test]
 fn tshark_reads_recorded_traffic_without_crc() {
-    if need_tshark("tshark_reads_recorded_traffic_without_crc") {
+    if tshark::need("tshark_reads_recorded_traffic_without_crc") {
         let cap = recorded_run("decline");
         check_with_tshark(&cap, false, "nocrc");
     }
@@ -905,10 +802,7 @@ fn tshark_reads_recorded_traffic_without_crc() {
 /// see exactly one, however long they look after it.
 #[test]
 fn a_disconnect_is_reported_once_at_each_end() {
-    let hosts = TwoHosts::start_with_config(&config("offer"));
-    let (mut a, mut b) = hosts.guests(GUEST.as_ref(), "bypass");
-    setup(&mut a, 4 * MIB);
-    setup(&mut b, 4 * MIB);
+    let (_hosts, mut a, mut b, _, _) = start("offer", "bypass", 4 * MIB);
     connect(&mut a, &mut b, 1);
     b.cmd("disconnect q0");
     event(&mut b, "q0", "QpDisconnected");
@@ -919,4 +813,18 @@ fn a_disconnect_is_reported_once_at_each_end() {
         let n = seen.split(',').filter(|k| *k == "QpDisconnected").count();
         assert_eq!(n, 1, "{end} saw {seen}");
     }
+}
+
+/// A completion that never comes is reported with the guest's host (both hosts have a guest
+/// 1) and the events its device reported.
+#[test]
+#[should_panic(
+    expected = "guest 1 on host-b (127.0.0.3): no completion of the RECV in 200 ms; \
+                           its events: ["
+)]
+fn a_missing_completion_names_the_host_and_its_events() {
+    let (_hosts, mut a, mut b, _, _) = start("offer", "bypass", MIB);
+    connect(&mut a, &mut b, 1);
+    b.cmd("recv q0 m 0 16 1");
+    one_ok_within(&mut b, "RECV", 200);
 }

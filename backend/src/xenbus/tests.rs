@@ -108,21 +108,28 @@ impl World {
         )
     }
 
-    fn b(&self, key: &str) -> Option<String> {
-        let p = format!("{}/{key}", device_backend_path(B, DEV));
+    /// A new world and its backend, after its first scan.
+    fn started(quotas: Quotas) -> (World, XenbusBackend) {
+        let w = World::new(quotas);
+        let mut b = w.backend();
+        b.scan().unwrap();
+        (w, b)
+    }
+
+    fn read(&self, path: &str) -> Option<String> {
         self.dom0
-            .read_opt(&p)
+            .read_opt(path)
             .unwrap()
             .map(|v| String::from_utf8(v).unwrap())
     }
 
+    fn b(&self, key: &str) -> Option<String> {
+        self.read(&format!("{}/{key}", device_backend_path(B, DEV)))
+    }
+
     /// A counter the backend published for the device.
     fn s(&self, key: &str) -> Option<String> {
-        let p = format!("{}/{key}", super::device_stats_path(B, DEV));
-        self.dom0
-            .read_opt(&p)
-            .unwrap()
-            .map(|v| String::from_utf8(v).unwrap())
+        self.read(&format!("{}/{key}", super::device_stats_path(B, DEV)))
     }
 
     fn f(&self, key: &str) -> String {
@@ -131,6 +138,16 @@ impl World {
 
     /// The frontend's steps 1 and 3 of the channel handshake.
     fn open_channel(&self, n: u32, version: u32) {
+        self.open_channel_with(n, version, ("pid", "4242"));
+    }
+
+    /// [`World::open_channel`] of a channel instance with a nonce (as the frontend writes it).
+    fn open_channel_instance(&self, n: u32, nonce: &str) {
+        self.open_channel_with(n, 2, ("nonce", nonce));
+    }
+
+    /// Steps 1 and 3 with `extra` (a node and its value) written before the state.
+    fn open_channel_with(&self, n: u32, version: u32, extra: (&str, &str)) {
         self.guest
             .write(&self.f(&format!("channel/{n}/state")), "1")
             .unwrap();
@@ -140,27 +157,18 @@ impl World {
                 t.write(&c("ring-ref"), "77")?;
                 t.write(&c("event-channel"), "9")?;
                 t.write(&c("version"), version.to_string())?;
-                t.write(&c("pid"), "4242")?;
+                t.write(&c(extra.0), extra.1)?;
                 t.write(&c("state"), "3")
             })
             .unwrap();
     }
 
-    /// [`World::open_channel`] of a channel instance with a nonce (as the frontend writes it).
-    fn open_channel_instance(&self, n: u32, nonce: &str) {
-        self.guest
-            .write(&self.f(&format!("channel/{n}/state")), "1")
-            .unwrap();
-        self.guest
-            .transaction(|t| {
-                let c = |k: &str| self.f(&format!("channel/{n}/{k}"));
-                t.write(&c("ring-ref"), "77")?;
-                t.write(&c("event-channel"), "9")?;
-                t.write(&c("version"), "2")?;
-                t.write(&c("nonce"), nonce)?;
-                t.write(&c("state"), "3")
-            })
-            .unwrap();
+    /// Channels `ns` opened (version 2), then one scan of the frontend by `b`.
+    fn connect(&self, b: &mut XenbusBackend, ns: &[u32]) {
+        for &n in ns {
+            self.open_channel(n, 2);
+        }
+        b.scan_frontend(DEV).unwrap();
     }
 
     fn closed(&self) -> Vec<(u32, CloseReason)> {
@@ -170,9 +178,7 @@ impl World {
 
 #[test]
 fn init_wait_with_versions_kind_and_limits() {
-    let w = World::new(Quotas::default());
-    let mut b = w.backend();
-    b.scan().unwrap();
+    let (w, b) = World::started(Quotas::default());
     assert_eq!(w.b("state").as_deref(), Some("2"));
     assert_eq!(w.b("versions").as_deref(), Some("1"));
     assert_eq!(w.b("kind").as_deref(), Some("soft-iwarp"));
@@ -188,9 +194,7 @@ fn init_wait_with_versions_kind_and_limits() {
 
 #[test]
 fn device_connects_when_the_frontend_does() {
-    let w = World::new(Quotas::default());
-    let mut b = w.backend();
-    b.scan().unwrap();
+    let (w, mut b) = World::started(Quotas::default());
     w.guest.write(&w.f("state"), "4").unwrap();
     b.scan_frontend(DEV).unwrap();
     assert_eq!(w.b("state").as_deref(), Some("4"));
@@ -198,11 +202,8 @@ fn device_connects_when_the_frontend_does() {
 
 #[test]
 fn channel_connects_and_closes_with_the_etiquette() {
-    let w = World::new(Quotas::default());
-    let mut b = w.backend();
-    b.scan().unwrap();
-    w.open_channel(0, 2);
-    b.scan_frontend(DEV).unwrap();
+    let (w, mut b) = World::started(Quotas::default());
+    w.connect(&mut b, &[0]);
     assert_eq!(w.b("channel/0/state").as_deref(), Some("4"));
     {
         let opened = w.opened.lock().unwrap();
@@ -237,9 +238,7 @@ fn channel_connects_and_closes_with_the_etiquette() {
 
 #[test]
 fn bad_version_is_closed_with_an_error() {
-    let w = World::new(Quotas::default());
-    let mut b = w.backend();
-    b.scan().unwrap();
+    let (w, mut b) = World::started(Quotas::default());
     w.open_channel(0, 9);
     b.scan_frontend(DEV).unwrap();
     assert_eq!(w.b("channel/0/state").as_deref(), Some("6"));
@@ -253,9 +252,7 @@ fn bad_version_is_closed_with_an_error() {
 
 #[test]
 fn garbage_channel_nodes_are_refused_not_trusted() {
-    let w = World::new(Quotas::default());
-    let mut b = w.backend();
-    b.scan().unwrap();
+    let (w, mut b) = World::started(Quotas::default());
     w.open_channel(0, 2);
     w.guest.write(&w.f("channel/0/ring-ref"), "-1").unwrap();
     w.guest.write(&w.f("channel/x"), "junk").unwrap();
@@ -279,15 +276,11 @@ fn garbage_channel_nodes_are_refused_not_trusted() {
 
 #[test]
 fn channel_quota_is_enforced_with_a_clear_error() {
-    let w = World::new(Quotas {
+    let (w, mut b) = World::started(Quotas {
         max_channels: 1,
         ..Quotas::default()
     });
-    let mut b = w.backend();
-    b.scan().unwrap();
-    w.open_channel(0, 2);
-    w.open_channel(1, 2);
-    b.scan_frontend(DEV).unwrap();
+    w.connect(&mut b, &[0, 1]);
     assert_eq!(w.b("channel/0/state").as_deref(), Some("4"));
     assert_eq!(w.b("channel/1/state").as_deref(), Some("6"));
     let err = w.b("channel/1/error").unwrap();
@@ -300,8 +293,7 @@ fn opener_failure_is_the_channel_error() {
     let w = World::new(Quotas::default());
     let mut b = w.backend_with(Some("cannot map grant 77 of domain 5"));
     b.scan().unwrap();
-    w.open_channel(0, 2);
-    b.scan_frontend(DEV).unwrap();
+    w.connect(&mut b, &[0]);
     assert_eq!(w.b("channel/0/state").as_deref(), Some("6"));
     assert!(w.b("channel/0/error").unwrap().contains("grant 77"));
     assert!(b.account(DEV).unwrap().usage().is_zero());
@@ -309,11 +301,8 @@ fn opener_failure_is_the_channel_error() {
 
 #[test]
 fn detach_closes_channels_then_the_device() {
-    let w = World::new(Quotas::default());
-    let mut b = w.backend();
-    b.scan().unwrap();
-    w.open_channel(0, 2);
-    b.scan_frontend(DEV).unwrap();
+    let (w, mut b) = World::started(Quotas::default());
+    w.connect(&mut b, &[0]);
     let paths = toolstack::begin_detach(&*w.dom0, D, B, 0).unwrap();
     b.on_backend_path(&format!("{}/state", paths.backend))
         .unwrap();
@@ -330,12 +319,8 @@ fn detach_closes_channels_then_the_device() {
 
 #[test]
 fn domain_release_reclaims_everything() {
-    let w = World::new(Quotas::default());
-    let mut b = w.backend();
-    b.scan().unwrap();
-    w.open_channel(0, 2);
-    w.open_channel(1, 2);
-    b.scan_frontend(DEV).unwrap();
+    let (w, mut b) = World::started(Quotas::default());
+    w.connect(&mut b, &[0, 1]);
     assert_eq!(b.live_channels(DEV), vec![0, 1]);
     w.server.release_domain(D).unwrap();
     assert!(!w.dom0.exists(&device_frontend_path(DEV)).unwrap());
@@ -376,8 +361,7 @@ fn restarted_backend_closes_stale_channels_and_republishes() {
         "the stale channel is not reconnected"
     );
     // The process opens a new channel and it works; the stale one goes when removed.
-    w.open_channel(1, 2);
-    b.scan_frontend(DEV).unwrap();
+    w.connect(&mut b, &[1]);
     assert_eq!(w.b("channel/1/state").as_deref(), Some("4"));
     w.guest.rm(&w.f("channel/0")).unwrap();
     b.scan_frontend(DEV).unwrap();
@@ -386,11 +370,8 @@ fn restarted_backend_closes_stale_channels_and_republishes() {
 
 #[test]
 fn shutdown_closes_every_channel_politely() {
-    let w = World::new(Quotas::default());
-    let mut b = w.backend();
-    b.scan().unwrap();
-    w.open_channel(0, 2);
-    b.scan_frontend(DEV).unwrap();
+    let (w, mut b) = World::started(Quotas::default());
+    w.connect(&mut b, &[0]);
     b.shutdown();
     assert_eq!(w.closed(), vec![(0, CloseReason::Shutdown)]);
     assert_eq!(w.b("channel/0/state").as_deref(), Some("6"));
@@ -400,19 +381,15 @@ fn shutdown_closes_every_channel_politely() {
 
 #[test]
 fn a_dead_process_loses_its_channel_and_nodes() {
-    let w = World::new(Quotas::default());
-    let mut b = w.backend();
-    b.scan().unwrap();
-    w.open_channel(0, 2);
-    b.scan_frontend(DEV).unwrap();
+    let (w, mut b) = World::started(Quotas::default());
+    w.connect(&mut b, &[0]);
     b.channel_fault(DEV, 0, ChannelFault::Died).unwrap();
     assert_eq!(w.closed(), vec![(0, CloseReason::ProcessDied)]);
     assert!(!w.dom0.exists(&w.f("channel/0")).unwrap());
     assert_eq!(w.b("channel/0/state"), None);
     assert!(b.account(DEV).unwrap().usage().is_zero());
     // A protocol error closes with the sentence.
-    w.open_channel(1, 2);
-    b.scan_frontend(DEV).unwrap();
+    w.connect(&mut b, &[1]);
     b.channel_fault(DEV, 1, ChannelFault::Protocol("ring overflow".into()))
         .unwrap();
     assert_eq!(w.b("channel/1/state").as_deref(), Some("6"));
@@ -421,21 +398,17 @@ fn a_dead_process_loses_its_channel_and_nodes() {
 
 #[test]
 fn quotas_come_from_the_backend_node() {
-    let w = World::new(Quotas {
+    let (w, mut b) = World::started(Quotas {
         max_qps: 3,
         ..Quotas::default()
     });
-    let mut b = w.backend();
-    b.scan().unwrap();
-    w.open_channel(0, 2);
-    b.scan_frontend(DEV).unwrap();
+    w.connect(&mut b, &[0]);
     assert_eq!(b.account(DEV).unwrap().quotas().max_qps, 3);
     // The toolstack may change them; the next channel sees the change.
     w.dom0
         .write(&format!("{}/max-qps", device_backend_path(B, DEV)), "5")
         .unwrap();
-    w.open_channel(1, 2);
-    b.scan_frontend(DEV).unwrap();
+    w.connect(&mut b, &[1]);
     assert_eq!(b.account(DEV).unwrap().quotas().max_qps, 5);
 }
 
@@ -462,9 +435,7 @@ fn a_frontend_that_never_existed_is_not_served_wrongly() {
 /// nonce of the instance it answers.
 #[test]
 fn a_new_instance_at_a_reused_index_is_served_even_if_the_removal_was_missed() {
-    let w = World::new(Quotas::default());
-    let mut b = w.backend();
-    b.scan().unwrap();
+    let (w, mut b) = World::started(Quotas::default());
     w.open_channel_instance(0, "one");
     b.scan_frontend(DEV).unwrap();
     assert_eq!(w.b("channel/0/state").as_deref(), Some("4"));

@@ -18,8 +18,8 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use vrdma_rs::{
-    AccessFlags, CompletionQueue, Context, Error, MemoryRegion, Mode, ProtectionDomain, QpEndpoint,
-    QueuePair, RemoteMr, Status, WorkCompletion,
+    AccessFlags, CompletionQueue, Context, Error, MemoryRegion, Mode, MrSlice, ProtectionDomain,
+    QpEndpoint, QueuePair, RemoteMr, Status, WorkCompletion,
 };
 
 mod errno {
@@ -206,6 +206,69 @@ unsafe fn free<T>(p: *mut T) {
     }
 }
 
+/// Writes `v` to the caller's `*out`.
+///
+/// # Safety
+/// `out` is null or valid for a write.
+unsafe fn write_out<T>(out: *mut T, v: T) -> Result<c_int, Fail> {
+    // SAFETY: the caller's promise on `out`.
+    let o = unsafe { out.as_mut() }.ok_or_else(|| invalid("out is NULL"))?;
+    *o = v;
+    Ok(0)
+}
+
+/// Whether the caller's `len`-byte buffer `p` (`what` names it) has bytes to touch: false
+/// when `len` is 0, an error when `p` is NULL.
+fn nonempty<T>(p: *const T, len: usize, what: &str) -> Result<bool, Fail> {
+    if len == 0 {
+        return Ok(false);
+    }
+    if p.is_null() {
+        return Err(invalid(&format!("{what} is NULL")));
+    }
+    Ok(true)
+}
+
+impl From<RemoteMr> for vrdma_remote_mr {
+    fn from(r: RemoteMr) -> Self {
+        vrdma_remote_mr {
+            addr: r.addr,
+            len: r.len,
+            rkey: r.rkey,
+            reserved: 0,
+        }
+    }
+}
+
+impl From<&vrdma_remote_mr> for RemoteMr {
+    fn from(r: &vrdma_remote_mr) -> Self {
+        RemoteMr {
+            addr: r.addr,
+            len: r.len,
+            rkey: r.rkey,
+        }
+    }
+}
+
+impl From<QpEndpoint> for vrdma_endpoint {
+    fn from(e: QpEndpoint) -> Self {
+        vrdma_endpoint {
+            addr: e.addr,
+            qp_num: e.qp_num,
+            reserved: 0,
+        }
+    }
+}
+
+impl From<&vrdma_endpoint> for QpEndpoint {
+    fn from(e: &vrdma_endpoint) -> Self {
+        QpEndpoint {
+            addr: e.addr,
+            qp_num: e.qp_num,
+        }
+    }
+}
+
 /// The message of the last failed call on this thread ("" if none). Valid until the next
 /// failing call on this thread.
 #[no_mangle]
@@ -350,6 +413,28 @@ pub unsafe extern "C" fn vrdma_free_mr(mr: *mut vrdma_mr) {
     unsafe { free(mr) }
 }
 
+/// The body of a copy between region `mr` and the caller's `len` bytes at `p` (`what`
+/// names them): nothing to do for 0 bytes, else `copy`.
+///
+/// # Safety
+/// `mr` is null or a live MR handle.
+unsafe fn mr_copy<T>(
+    mr: *const vrdma_mr,
+    p: *const T,
+    len: usize,
+    what: &str,
+    copy: impl FnOnce(&MemoryRegion) -> vrdma_rs::Result<()>,
+) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's promise.
+        let m = unsafe { handle(mr, "mr") }?;
+        if nonempty(p, len, what)? {
+            copy(&m.0)?;
+        }
+        Ok(0)
+    })
+}
+
 /// Copies `len` bytes from `data` into the region at `offset`.
 ///
 /// # Safety
@@ -361,21 +446,14 @@ pub unsafe extern "C" fn vrdma_mr_write(
     data: *const c_void,
     len: usize,
 ) -> c_int {
-    guard(|| {
-        // SAFETY: the caller's promise.
-        let m = unsafe { handle(mr, "mr") }?;
-        if len == 0 {
-            return Ok(0);
-        }
-        if data.is_null() {
-            return Err(invalid("data is NULL"));
-        }
+    let copy = |m: &MemoryRegion| {
         // SAFETY: the caller promises `data` is valid for `len` bytes; it is private memory
         // of the caller, not the shared region (which is only touched through `write`).
         let src = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) };
-        m.0.write(offset, src)?;
-        Ok(0)
-    })
+        m.write(offset, src)
+    };
+    // SAFETY: the caller's promise on `mr`.
+    unsafe { mr_copy(mr, data, len, "data", copy) }
 }
 
 /// Copies `len` bytes of the region at `offset` into `buf`.
@@ -389,62 +467,47 @@ pub unsafe extern "C" fn vrdma_mr_read(
     buf: *mut c_void,
     len: usize,
 ) -> c_int {
-    guard(|| {
-        // SAFETY: the caller's promise.
-        let m = unsafe { handle(mr, "mr") }?;
-        if len == 0 {
-            return Ok(0);
-        }
-        if buf.is_null() {
-            return Err(invalid("buf is NULL"));
-        }
+    let copy = |m: &MemoryRegion| {
         // SAFETY: the caller promises `buf` is valid for `len` bytes of writes and not
         // otherwise borrowed during the call.
         let dst = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) };
-        m.0.read(offset, dst)?;
-        Ok(0)
-    })
+        m.read(offset, dst)
+    };
+    // SAFETY: the caller's promise on `mr`.
+    unsafe { mr_copy(mr, buf, len, "buf", copy) }
 }
 
-/// The region's length in bytes (0 for NULL).
-///
-/// # Safety
-/// `mr` is null or a live MR handle.
-#[no_mangle]
-pub unsafe extern "C" fn vrdma_mr_len(mr: *const vrdma_mr) -> usize {
-    // SAFETY: the caller's promise.
-    unsafe { mr.as_ref() }.map_or(0, |m| m.0.len())
+/// Exported getters of a field of an MR handle: 0 for NULL.
+macro_rules! mr_getter {
+    ($(#[$doc:meta])* $name:ident -> $t:ty, $field:ident) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// `mr` is null or a live MR handle.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(mr: *const vrdma_mr) -> $t {
+            // SAFETY: the caller's promise.
+            unsafe { mr.as_ref() }.map_or(0, |m| m.0.$field())
+        }
+    };
 }
 
-/// The local key (0 for NULL).
-///
-/// # Safety
-/// `mr` is null or a live MR handle.
-#[no_mangle]
-pub unsafe extern "C" fn vrdma_mr_lkey(mr: *const vrdma_mr) -> u32 {
-    // SAFETY: the caller's promise.
-    unsafe { mr.as_ref() }.map_or(0, |m| m.0.lkey())
-}
-
-/// The remote key (0 for NULL).
-///
-/// # Safety
-/// `mr` is null or a live MR handle.
-#[no_mangle]
-pub unsafe extern "C" fn vrdma_mr_rkey(mr: *const vrdma_mr) -> u32 {
-    // SAFETY: the caller's promise.
-    unsafe { mr.as_ref() }.map_or(0, |m| m.0.rkey())
-}
-
-/// The region's address as RDMA READ/WRITE name it (0 for NULL).
-///
-/// # Safety
-/// `mr` is null or a live MR handle.
-#[no_mangle]
-pub unsafe extern "C" fn vrdma_mr_addr(mr: *const vrdma_mr) -> u64 {
-    // SAFETY: the caller's promise.
-    unsafe { mr.as_ref() }.map_or(0, |m| m.0.iova())
-}
+mr_getter!(
+    /// The region's length in bytes (0 for NULL).
+    vrdma_mr_len -> usize, len
+);
+mr_getter!(
+    /// The local key (0 for NULL).
+    vrdma_mr_lkey -> u32, lkey
+);
+mr_getter!(
+    /// The remote key (0 for NULL).
+    vrdma_mr_rkey -> u32, rkey
+);
+mr_getter!(
+    /// The region's address as RDMA READ/WRITE name it (0 for NULL).
+    vrdma_mr_addr -> u64, iova
+);
 
 /// Fills `*out` with what a peer needs to reach this region (address, length, rkey).
 ///
@@ -455,16 +518,8 @@ pub unsafe extern "C" fn vrdma_mr_remote(mr: *const vrdma_mr, out: *mut vrdma_re
     guard(|| {
         // SAFETY: the caller's promise.
         let m = unsafe { handle(mr, "mr") }?;
-        let r = m.0.remote();
         // SAFETY: the caller's promise on `out`.
-        let o = unsafe { out.as_mut() }.ok_or_else(|| invalid("out is NULL"))?;
-        *o = vrdma_remote_mr {
-            addr: r.addr,
-            len: r.len,
-            rkey: r.rkey,
-            reserved: 0,
-        };
-        Ok(0)
+        unsafe { write_out(out, m.0.remote().into()) }
     })
 }
 
@@ -515,13 +570,7 @@ pub unsafe extern "C" fn vrdma_remote_mr_format(
 ) -> c_int {
     guard(|| {
         // SAFETY: the caller's promise.
-        let r = unsafe { r.as_ref() }.ok_or_else(|| invalid("remote is NULL"))?;
-        let s = RemoteMr {
-            addr: r.addr,
-            len: r.len,
-            rkey: r.rkey,
-        }
-        .to_string();
+        let s = RemoteMr::from(unsafe { handle(r, "remote") }?).to_string();
         // SAFETY: the caller's promise on `buf`.
         unsafe { format_into(&s, buf, len) }
     })
@@ -540,14 +589,7 @@ pub unsafe extern "C" fn vrdma_remote_mr_parse(
         // SAFETY: the caller's promise.
         let r: RemoteMr = unsafe { c_str(s) }?.parse()?;
         // SAFETY: the caller's promise on `out`.
-        let o = unsafe { out.as_mut() }.ok_or_else(|| invalid("out is NULL"))?;
-        *o = vrdma_remote_mr {
-            addr: r.addr,
-            len: r.len,
-            rkey: r.rkey,
-            reserved: 0,
-        };
-        Ok(0)
+        unsafe { write_out(out, r.into()) }
     })
 }
 
@@ -734,13 +776,7 @@ pub unsafe extern "C" fn vrdma_qp_endpoint(qp: *const vrdma_qp, out: *mut vrdma_
         let q = unsafe { handle(qp, "qp") }?;
         let e = lock(&q.0).endpoint();
         // SAFETY: the caller's promise on `out`.
-        let o = unsafe { out.as_mut() }.ok_or_else(|| invalid("out is NULL"))?;
-        *o = vrdma_endpoint {
-            addr: e.addr,
-            qp_num: e.qp_num,
-            reserved: 0,
-        };
-        Ok(0)
+        unsafe { write_out(out, e.into()) }
     })
 }
 
@@ -756,12 +792,7 @@ pub unsafe extern "C" fn vrdma_endpoint_format(
 ) -> c_int {
     guard(|| {
         // SAFETY: the caller's promise.
-        let e = unsafe { ep.as_ref() }.ok_or_else(|| invalid("endpoint is NULL"))?;
-        let s = QpEndpoint {
-            addr: e.addr,
-            qp_num: e.qp_num,
-        }
-        .to_string();
+        let s = QpEndpoint::from(unsafe { handle(ep, "endpoint") }?).to_string();
         // SAFETY: the caller's promise on `buf`.
         unsafe { format_into(&s, buf, len) }
     })
@@ -777,13 +808,7 @@ pub unsafe extern "C" fn vrdma_endpoint_parse(s: *const c_char, out: *mut vrdma_
         // SAFETY: the caller's promise.
         let e: QpEndpoint = unsafe { c_str(s) }?.parse()?;
         // SAFETY: the caller's promise on `out`.
-        let o = unsafe { out.as_mut() }.ok_or_else(|| invalid("out is NULL"))?;
-        *o = vrdma_endpoint {
-            addr: e.addr,
-            qp_num: e.qp_num,
-            reserved: 0,
-        };
-        Ok(0)
+        unsafe { write_out(out, e.into()) }
     })
 }
 
@@ -800,37 +825,39 @@ pub unsafe extern "C" fn vrdma_qp_connect(
         // SAFETY: the caller's promise.
         let q = unsafe { handle(qp, "qp") }?;
         // SAFETY: the caller's promise.
-        let r = unsafe { remote.as_ref() }.ok_or_else(|| invalid("remote is NULL"))?;
-        lock(&q.0).connect(&QpEndpoint {
-            addr: r.addr,
-            qp_num: r.qp_num,
-        })?;
+        let r = unsafe { handle(remote, "remote") }?;
+        lock(&q.0).connect(&r.into())?;
         Ok(0)
     })
 }
 
-/// What a post needs: the QP and the local region, both checked.
+/// The body of a post of `len` bytes of `mr` at `offset`: checks the QP, the region and
+/// the range, then runs `post` on the locked QP with the region's slice.
 ///
 /// # Safety
 /// `qp` and `mr` are null or live handles.
-unsafe fn qp_mr<'a>(
+unsafe fn post_on(
     qp: *mut vrdma_qp,
     mr: *const vrdma_mr,
     offset: usize,
     len: u32,
-) -> Result<(&'a vrdma_qp, &'a vrdma_mr, std::ops::Range<usize>), Fail> {
-    // SAFETY: the caller's promise.
-    let (q, m) = unsafe { (handle(qp, "qp")?, handle(mr, "mr")?) };
-    let end = offset
-        .checked_add(len as usize)
-        .filter(|e| *e <= m.0.len())
-        .ok_or_else(|| {
-            invalid(&format!(
-                "{offset}+{len} is outside the {}-byte region",
-                m.0.len()
-            ))
-        })?;
-    Ok((q, m, offset..end))
+    post: impl FnOnce(&mut QueuePair, &[MrSlice<'_>]) -> vrdma_rs::Result<()>,
+) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's promise.
+        let (q, m) = unsafe { (handle(qp, "qp")?, handle(mr, "mr")?) };
+        let end = offset
+            .checked_add(len as usize)
+            .filter(|e| *e <= m.0.len())
+            .ok_or_else(|| {
+                invalid(&format!(
+                    "{offset}+{len} is outside the {}-byte region",
+                    m.0.len()
+                ))
+            })?;
+        post(&mut lock(&q.0), &[m.0.slice(offset..end)])?;
+        Ok(0)
+    })
 }
 
 /// Posts a receive of up to `len` bytes into `mr` at `offset`.
@@ -845,12 +872,8 @@ pub unsafe extern "C" fn vrdma_post_recv(
     len: u32,
     wr_id: u64,
 ) -> c_int {
-    guard(|| {
-        // SAFETY: the caller's promise.
-        let (q, m, r) = unsafe { qp_mr(qp, mr, offset, len) }?;
-        lock(&q.0).post_recv(&[m.0.slice(r)], wr_id)?;
-        Ok(0)
-    })
+    // SAFETY: the caller's promise, passed on.
+    unsafe { post_on(qp, mr, offset, len, |q, l| q.post_recv(l, wr_id)) }
 }
 
 /// Posts a SEND of `len` bytes of `mr` at `offset`.
@@ -865,12 +888,8 @@ pub unsafe extern "C" fn vrdma_post_send(
     len: u32,
     wr_id: u64,
 ) -> c_int {
-    guard(|| {
-        // SAFETY: the caller's promise.
-        let (q, m, r) = unsafe { qp_mr(qp, mr, offset, len) }?;
-        lock(&q.0).post_send(&[m.0.slice(r)], wr_id)?;
-        Ok(0)
-    })
+    // SAFETY: the caller's promise, passed on.
+    unsafe { post_on(qp, mr, offset, len, |q, l| q.post_send(l, wr_id)) }
 }
 
 /// Posts a SEND with immediate data.
@@ -886,12 +905,12 @@ pub unsafe extern "C" fn vrdma_post_send_imm(
     imm: u32,
     wr_id: u64,
 ) -> c_int {
-    guard(|| {
-        // SAFETY: the caller's promise.
-        let (q, m, r) = unsafe { qp_mr(qp, mr, offset, len) }?;
-        lock(&q.0).post_send_with_imm(&[m.0.slice(r)], imm, wr_id)?;
-        Ok(0)
-    })
+    // SAFETY: the caller's promise, passed on.
+    unsafe {
+        post_on(qp, mr, offset, len, |q, l| {
+            q.post_send_with_imm(l, imm, wr_id)
+        })
+    }
 }
 
 /// Posts a SEND whose `len` bytes (≤ `VRDMA_MAX_INLINE`) are copied into the request.
@@ -908,13 +927,11 @@ pub unsafe extern "C" fn vrdma_post_send_inline(
     guard(|| {
         // SAFETY: the caller's promise.
         let q = unsafe { handle(qp, "qp") }?;
-        let bytes = if len == 0 {
-            &[][..]
-        } else if data.is_null() {
-            return Err(invalid("data is NULL"));
-        } else {
+        let bytes = if nonempty(data, len, "data")? {
             // SAFETY: the caller promises `data` is valid for `len` bytes (private memory).
             unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) }
+        } else {
+            &[][..]
         };
         lock(&q.0).post_send_inline(bytes, wr_id)?;
         Ok(0)
@@ -943,12 +960,12 @@ pub unsafe extern "C" fn vrdma_post_write(
     rkey: u32,
     wr_id: u64,
 ) -> c_int {
-    guard(|| {
-        // SAFETY: the caller's promise.
-        let (q, m, r) = unsafe { qp_mr(qp, mr, offset, len) }?;
-        lock(&q.0).post_write(&[m.0.slice(r)], remote(remote_addr, len, rkey), wr_id)?;
-        Ok(0)
-    })
+    // SAFETY: the caller's promise, passed on.
+    unsafe {
+        post_on(qp, mr, offset, len, |q, l| {
+            q.post_write(l, remote(remote_addr, len, rkey), wr_id)
+        })
+    }
 }
 
 /// Posts an RDMA WRITE with immediate data (consumes a receive at the peer).
@@ -966,17 +983,12 @@ pub unsafe extern "C" fn vrdma_post_write_imm(
     imm: u32,
     wr_id: u64,
 ) -> c_int {
-    guard(|| {
-        // SAFETY: the caller's promise.
-        let (q, m, r) = unsafe { qp_mr(qp, mr, offset, len) }?;
-        lock(&q.0).post_write_with_imm(
-            &[m.0.slice(r)],
-            remote(remote_addr, len, rkey),
-            imm,
-            wr_id,
-        )?;
-        Ok(0)
-    })
+    // SAFETY: the caller's promise, passed on.
+    unsafe {
+        post_on(qp, mr, offset, len, |q, l| {
+            q.post_write_with_imm(l, remote(remote_addr, len, rkey), imm, wr_id)
+        })
+    }
 }
 
 /// Posts an RDMA READ of `len` bytes from the peer's `remote_addr`/`rkey` into `mr` at
@@ -994,12 +1006,12 @@ pub unsafe extern "C" fn vrdma_post_read(
     rkey: u32,
     wr_id: u64,
 ) -> c_int {
-    guard(|| {
-        // SAFETY: the caller's promise.
-        let (q, m, r) = unsafe { qp_mr(qp, mr, offset, len) }?;
-        lock(&q.0).post_read(&[m.0.slice(r)], remote(remote_addr, len, rkey), wr_id)?;
-        Ok(0)
-    })
+    // SAFETY: the caller's promise, passed on.
+    unsafe {
+        post_on(qp, mr, offset, len, |q, l| {
+            q.post_read(l, remote(remote_addr, len, rkey), wr_id)
+        })
+    }
 }
 
 /// A static English name of a completion status (`"unknown"` for others).

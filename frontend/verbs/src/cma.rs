@@ -21,7 +21,7 @@ use std::ffi::{c_char, c_int, c_void};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use verbs_abi::cma::*;
@@ -95,6 +95,41 @@ impl Id {
         // SAFETY: the caller's contract.
         Some(unsafe { &*p.cast::<Id>() })
     }
+
+    /// A new id on `channel` (RC, port 1), boxed: the program's pointer to it.
+    fn create(
+        channel: *mut rdma_event_channel,
+        context: *mut c_void,
+        ps: rdma_port_space,
+        fill: impl FnOnce(&mut rdma_cm_id),
+        st: IdState,
+    ) -> *mut rdma_cm_id {
+        // SAFETY: all-zero is a valid rdma_cm_id (NULL pointers, zero addresses).
+        let mut id: rdma_cm_id = unsafe { std::mem::zeroed() };
+        id.channel = channel;
+        id.context = context;
+        id.ps = ps;
+        id.port_num = 1;
+        id.qp_type = IBV_QPT_RC;
+        fill(&mut id);
+        Box::into_raw(Box::new(Id {
+            id,
+            st: Mutex::new(st),
+            stop: Arc::new(AtomicBool::new(false)),
+        }))
+        .cast()
+    }
+
+    fn state(&self) -> MutexGuard<'_, IdState> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `f` on a thread of this id (rdma_destroy_id joins it).
+    fn spawn(&self, name: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
+        let t = std::thread::Builder::new().name(name.into()).spawn(f)?;
+        self.state().threads.push(t);
+        Ok(())
+    }
 }
 
 /// Queues an event for `id` on its channel.
@@ -147,6 +182,30 @@ unsafe fn push(
         .unwrap_or_else(|e| e.into_inner())
         .push_back(Box::into_raw(e) as usize);
     let _ = rustix::io::write(&ch.wr, &[1]);
+}
+
+/// Queues `kind` with `status` and no private data for `id` on its own channel.
+///
+/// # Safety
+/// As [`push`].
+unsafe fn push_own(id: *mut rdma_cm_id, kind: rdma_cm_event_type, status: c_int) {
+    // SAFETY: the caller's contract.
+    unsafe { push(id, std::ptr::null_mut(), kind, status, &[], (0, 0)) }
+}
+
+/// Queues `CONNECT_ERROR` for `id` after `what` failed with `e` (status: -errno).
+///
+/// # Safety
+/// As [`push`].
+unsafe fn push_connect_error(id: *mut rdma_cm_id, what: &str, e: &vrdma::Error) {
+    let code = fail(what, e);
+    // SAFETY: the caller's contract.
+    unsafe { push_own(id, RDMA_CM_EVENT_CONNECT_ERROR, -code) }
+}
+
+/// The responder resources and initiator depth of an event, as librdmacm's `u8`s.
+fn ird_ord(info: &vrdma::CmInfo) -> (u8, u8) {
+    (info.ird.min(255) as u8, info.ord.min(255) as u8)
 }
 
 fn sockaddr_of(sa: *const sockaddr) -> Option<SocketAddr> {
@@ -305,20 +364,9 @@ pub unsafe extern "C" fn vrdma_verbs_rdma_create_id(
             // Synchronous ids (no channel) and UD port spaces.
             return err(EOPNOTSUPP);
         }
-        // SAFETY: all-zero is a valid rdma_cm_id (NULL pointers, zero addresses).
-        let mut id: rdma_cm_id = unsafe { std::mem::zeroed() };
-        id.channel = ch;
-        id.context = context;
-        id.ps = ps;
-        id.port_num = 1;
-        id.qp_type = IBV_QPT_RC;
-        let p = Box::into_raw(Box::new(Id {
-            id,
-            st: Mutex::new(IdState::default()),
-            stop: Arc::new(AtomicBool::new(false)),
-        }));
+        let p = Id::create(ch, context, ps, |_| {}, IdState::default());
         // SAFETY: the caller's out pointer.
-        unsafe { *out = p.cast() };
+        unsafe { *out = p };
         0
     })
 }
@@ -332,7 +380,7 @@ pub unsafe extern "C" fn vrdma_verbs_rdma_destroy_id(p: *mut rdma_cm_id) -> c_in
         };
         id.stop.store(true, Ordering::Release);
         let (listener, threads, request) = {
-            let mut st = id.st.lock().unwrap_or_else(|e| e.into_inner());
+            let mut st = id.state();
             (
                 st.listener.take(),
                 std::mem::take(&mut st.threads),
@@ -382,6 +430,20 @@ pub unsafe extern "C" fn vrdma_verbs_rdma_migrate_id(
     })
 }
 
+/// What binding or resolving needs: the id, the address, the device (or the errno).
+///
+/// # Safety
+/// As [`Id::of`]; `addr` must be NULL or the program's sockaddr.
+unsafe fn id_addr_device<'a>(
+    p: *mut rdma_cm_id,
+    addr: *const sockaddr,
+) -> Result<(&'a Id, SocketAddr, *mut ibv_context), i32> {
+    // SAFETY: the caller's contract.
+    let id = unsafe { Id::of(p) }.ok_or(EINVAL)?;
+    let a = sockaddr_of(addr).ok_or(EAFNOSUPPORT)?;
+    Ok((id, a, device()?))
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn vrdma_verbs_rdma_bind_addr(
     p: *mut rdma_cm_id,
@@ -389,17 +451,11 @@ pub unsafe extern "C" fn vrdma_verbs_rdma_bind_addr(
 ) -> c_int {
     guard(err(EIO), || {
         // SAFETY: C contract.
-        let Some(id) = (unsafe { Id::of(p) }) else {
-            return err(EINVAL);
-        };
-        let Some(a) = sockaddr_of(addr) else {
-            return err(EAFNOSUPPORT);
-        };
-        let c = match device() {
-            Ok(c) => c,
+        let (id, a, c) = match unsafe { id_addr_device(p, addr) } {
+            Ok(t) => t,
             Err(e) => return err(e),
         };
-        id.st.lock().unwrap_or_else(|e| e.into_inner()).local = Some(a);
+        id.state().local = Some(a);
         // SAFETY: the program's id is ours; plain fields.
         unsafe {
             (*p).verbs = c;
@@ -418,14 +474,8 @@ pub unsafe extern "C" fn vrdma_verbs_rdma_resolve_addr(
 ) -> c_int {
     guard(err(EIO), || {
         // SAFETY: C contract.
-        let Some(id) = (unsafe { Id::of(p) }) else {
-            return err(EINVAL);
-        };
-        let Some(peer) = sockaddr_of(dst) else {
-            return err(EAFNOSUPPORT);
-        };
-        let c = match device() {
-            Ok(c) => c,
+        let (id, peer, c) = match unsafe { id_addr_device(p, dst) } {
+            Ok(t) => t,
             Err(e) => return err(e),
         };
         // SAFETY: just opened.
@@ -434,7 +484,7 @@ pub unsafe extern "C" fn vrdma_verbs_rdma_resolve_addr(
         };
         let local = sockaddr_of(src).unwrap_or(SocketAddr::new(backend_ip(ctx), 0));
         {
-            let mut st = id.st.lock().unwrap_or_else(|e| e.into_inner());
+            let mut st = id.state();
             st.peer = Some(peer);
             st.local = Some(local);
         }
@@ -443,14 +493,7 @@ pub unsafe extern "C" fn vrdma_verbs_rdma_resolve_addr(
             (*p).verbs = c;
             (*p).route.addr.src = sockaddr_to(local);
             (*p).route.addr.dst = sockaddr_to(peer);
-            push(
-                p,
-                std::ptr::null_mut(),
-                RDMA_CM_EVENT_ADDR_RESOLVED,
-                0,
-                &[],
-                (0, 0),
-            );
+            push_own(p, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
         }
         0
     })
@@ -466,26 +509,11 @@ pub unsafe extern "C" fn vrdma_verbs_rdma_resolve_route(
         let Some(id) = (unsafe { Id::of(p) }) else {
             return err(EINVAL);
         };
-        if id
-            .st
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .peer
-            .is_none()
-        {
+        if id.state().peer.is_none() {
             return err(EINVAL);
         }
         // SAFETY: a live id with a live channel.
-        unsafe {
-            push(
-                p,
-                std::ptr::null_mut(),
-                RDMA_CM_EVENT_ROUTE_RESOLVED,
-                0,
-                &[],
-                (0, 0),
-            )
-        };
+        unsafe { push_own(p, RDMA_CM_EVENT_ROUTE_RESOLVED, 0) };
         0
     })
 }
@@ -497,7 +525,7 @@ pub unsafe extern "C" fn vrdma_verbs_rdma_listen(p: *mut rdma_cm_id, backlog: c_
         let Some(id) = (unsafe { Id::of(p) }) else {
             return err(EINVAL);
         };
-        let mut st = id.st.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = id.state();
         let Some(local) = st.local else {
             return err(EINVAL);
         };
@@ -555,37 +583,32 @@ fn listen_loop(me: Ptr, l: vrdma::Listener, stop: Arc<AtomicBool>) {
         };
         // SAFETY: the listening id lives until rdma_destroy_id, which stops this thread first.
         let parent = unsafe { &*lp };
-        // SAFETY: all-zero is a valid rdma_cm_id.
-        let mut id: rdma_cm_id = unsafe { std::mem::zeroed() };
-        id.verbs = parent.verbs;
-        id.channel = parent.channel;
-        id.context = parent.context;
-        id.ps = parent.ps;
-        id.port_num = 1;
-        id.qp_type = IBV_QPT_RC;
         let info = req.info().clone();
-        id.route.addr.src = sockaddr_to(info.local);
-        id.route.addr.dst = sockaddr_to(info.peer);
-        let data = info.private_data.clone();
-        let child = Box::into_raw(Box::new(Id {
-            id,
-            st: Mutex::new(IdState {
+        let child = Id::create(
+            parent.channel,
+            parent.context,
+            parent.ps,
+            |id| {
+                id.verbs = parent.verbs;
+                id.route.addr.src = sockaddr_to(info.local);
+                id.route.addr.dst = sockaddr_to(info.peer);
+            },
+            IdState {
                 local: Some(info.local),
                 peer: Some(info.peer),
                 request: Some(req),
                 ..Default::default()
-            }),
-            stop: Arc::new(AtomicBool::new(false)),
-        }));
+            },
+        );
         // SAFETY: both ids are live; the listening id's channel is live.
         unsafe {
             push(
-                child.cast(),
+                child,
                 lp,
                 RDMA_CM_EVENT_CONNECT_REQUEST,
                 0,
-                &data,
-                (info.ird.min(255) as u8, info.ord.min(255) as u8),
+                &info.private_data,
+                ird_ord(&info),
             )
         };
     }
@@ -691,7 +714,7 @@ unsafe fn established(p: *mut rdma_cm_id, info: &vrdma::CmInfo) {
             RDMA_CM_EVENT_ESTABLISHED,
             0,
             &info.private_data,
-            (info.ird.min(255) as u8, info.ord.min(255) as u8),
+            ird_ord(info),
         )
     };
     // SAFETY: the id's context is ours.
@@ -702,39 +725,66 @@ unsafe fn established(p: *mut rdma_cm_id, info: &vrdma::CmInfo) {
     let handle = qp.qp.handle;
     let stop = id.stop.clone();
     let me = Ptr(p as usize);
-    let t = std::thread::Builder::new()
-        .name("vrdma-cm-disconnect".into())
-        .spawn(move || {
-            let pick = |e: &vrdma::AsyncEvent| {
-                e.handle == handle && e.kind == vrdma::EventKind::QpDisconnected
-            };
-            while !stop.load(Ordering::Acquire) {
-                match vr.wait_async_event(pick, POLL) {
-                    Ok(None) => continue,
-                    Ok(Some(_)) | Err(_) => {
-                        // SAFETY: the id lives until rdma_destroy_id, which joins this thread.
-                        unsafe {
-                            push(
-                                me.0 as *mut rdma_cm_id,
-                                std::ptr::null_mut(),
-                                RDMA_CM_EVENT_DISCONNECTED,
-                                0,
-                                &[],
-                                (0, 0),
-                            )
-                        };
-                        return;
-                    }
+    let _ = id.spawn("vrdma-cm-disconnect", move || {
+        let pick = |e: &vrdma::AsyncEvent| {
+            e.handle == handle && e.kind == vrdma::EventKind::QpDisconnected
+        };
+        while !stop.load(Ordering::Acquire) {
+            match vr.wait_async_event(pick, POLL) {
+                Ok(None) => continue,
+                Ok(Some(_)) | Err(_) => {
+                    // SAFETY: the id lives until rdma_destroy_id, which joins this thread.
+                    unsafe { push_own(me.0 as *mut rdma_cm_id, RDMA_CM_EVENT_DISCONNECTED, 0) };
+                    return;
                 }
             }
-        });
-    if let Ok(t) = t {
-        id.st
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .threads
-            .push(t);
+        }
+    });
+}
+
+/// Runs `call` (a blocking CM call of `p`'s QP) on a thread of the id: 0, or -1 with
+/// errno `EAGAIN` when no thread can be started.
+fn spawn_on_qp(
+    id: &Id,
+    p: *mut rdma_cm_id,
+    name: &str,
+    call: impl FnOnce(*mut rdma_cm_id, &Qp) + Send + 'static,
+) -> c_int {
+    let me = Ptr(p as usize);
+    let t = id.spawn(name, move || {
+        let p = me.0 as *mut rdma_cm_id;
+        // SAFETY: the id lives until rdma_destroy_id, which joins this thread.
+        let Some(qp) = (unsafe { Qp::of((*p).qp) }) else {
+            return;
+        };
+        call(p, qp);
+    });
+    match t {
+        Ok(()) => 0,
+        Err(_) => err(EAGAIN),
     }
+}
+
+/// What connecting or accepting needs: the id, with a QP of `rdma_create_qp`, and the
+/// private data of `param` (or the errno).
+///
+/// # Safety
+/// As [`Id::of`]; `param` must be NULL or the program's parameters.
+unsafe fn id_qp_data<'a>(
+    p: *mut rdma_cm_id,
+    param: *const rdma_conn_param,
+) -> Result<(&'a Id, Vec<u8>), i32> {
+    // SAFETY: the caller's contract.
+    let id = unsafe { Id::of(p) }.ok_or(EINVAL)?;
+    if id.id.qp.is_null() {
+        // A QP the program created itself (`qp_num` in the parameters).
+        return Err(EOPNOTSUPP);
+    }
+    let data = private_data(param);
+    if data.len() > vrdma::MAX_PRIVATE_DATA {
+        return Err(EINVAL);
+    }
+    Ok((id, data))
 }
 
 #[no_mangle]
@@ -744,84 +794,39 @@ pub unsafe extern "C" fn vrdma_verbs_rdma_connect(
 ) -> c_int {
     guard(err(EIO), || {
         // SAFETY: C contract.
-        let Some(id) = (unsafe { Id::of(p) }) else {
+        let (id, data) = match unsafe { id_qp_data(p, param) } {
+            Ok(t) => t,
+            Err(e) => return err(e),
+        };
+        let Some(peer) = id.state().peer else {
             return err(EINVAL);
         };
-        if id.id.qp.is_null() {
-            // A QP the program created itself (`qp_num` in the parameters).
-            return err(EOPNOTSUPP);
-        }
-        let Some(peer) = id.st.lock().unwrap_or_else(|e| e.into_inner()).peer else {
-            return err(EINVAL);
-        };
-        let data = private_data(param);
-        if data.len() > vrdma::MAX_PRIVATE_DATA {
-            return err(EINVAL);
-        }
-        let me = Ptr(p as usize);
-        let t = std::thread::Builder::new()
-            .name("vrdma-cm-connect".into())
-            .spawn(move || {
-                let p = me.0 as *mut rdma_cm_id;
-                // SAFETY: the id lives until rdma_destroy_id, which joins this thread.
-                let Some(qp) = (unsafe { Qp::of((*p).qp) }) else {
-                    return;
-                };
-                let r = qp.cm_connect(peer, &data, CONNECT_TIMEOUT);
-                // SAFETY: as above.
-                unsafe {
-                    match r {
-                        Ok(info) => established(p, &info),
-                        Err(vrdma::Error::ConnectRejected { private_data, .. }) => {
-                            // 28: IB_CM_REJ_CONSUMER_DEFINED, what librdmacm reports for a
-                            // peer's rdma_reject.
-                            push(
-                                p,
-                                std::ptr::null_mut(),
-                                RDMA_CM_EVENT_REJECTED,
-                                28,
-                                &private_data,
-                                (0, 0),
-                            )
-                        }
-                        Err(
-                            e @ (vrdma::Error::Unreachable { .. } | vrdma::Error::Timeout { .. }),
-                        ) => {
-                            fail("rdma_connect", &e);
-                            push(
-                                p,
-                                std::ptr::null_mut(),
-                                RDMA_CM_EVENT_UNREACHABLE,
-                                -libc::ETIMEDOUT,
-                                &[],
-                                (0, 0),
-                            )
-                        }
-                        Err(e) => {
-                            let code = fail("rdma_connect", &e);
-                            push(
-                                p,
-                                std::ptr::null_mut(),
-                                RDMA_CM_EVENT_CONNECT_ERROR,
-                                -code,
-                                &[],
-                                (0, 0),
-                            )
-                        }
+        spawn_on_qp(id, p, "vrdma-cm-connect", move |p, qp| {
+            let r = qp.cm_connect(peer, &data, CONNECT_TIMEOUT);
+            // SAFETY: the id lives until rdma_destroy_id, which joins this thread.
+            unsafe {
+                match r {
+                    Ok(info) => established(p, &info),
+                    Err(vrdma::Error::ConnectRejected { private_data, .. }) => {
+                        // 28: IB_CM_REJ_CONSUMER_DEFINED, what librdmacm reports for a
+                        // peer's rdma_reject.
+                        push(
+                            p,
+                            std::ptr::null_mut(),
+                            RDMA_CM_EVENT_REJECTED,
+                            28,
+                            &private_data,
+                            (0, 0),
+                        )
                     }
+                    Err(e @ (vrdma::Error::Unreachable { .. } | vrdma::Error::Timeout { .. })) => {
+                        fail("rdma_connect", &e);
+                        push_own(p, RDMA_CM_EVENT_UNREACHABLE, -libc::ETIMEDOUT)
+                    }
+                    Err(e) => push_connect_error(p, "rdma_connect", &e),
                 }
-            });
-        match t {
-            Ok(t) => {
-                id.st
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .threads
-                    .push(t);
-                0
             }
-            Err(_) => err(EAGAIN),
-        }
+        })
     })
 }
 
@@ -832,64 +837,23 @@ pub unsafe extern "C" fn vrdma_verbs_rdma_accept(
 ) -> c_int {
     guard(err(EIO), || {
         // SAFETY: C contract.
-        let Some(id) = (unsafe { Id::of(p) }) else {
+        let (id, data) = match unsafe { id_qp_data(p, param) } {
+            Ok(t) => t,
+            Err(e) => return err(e),
+        };
+        let Some(req) = id.state().request.take() else {
             return err(EINVAL);
         };
-        if id.id.qp.is_null() {
-            return err(EOPNOTSUPP);
-        }
-        let data = private_data(param);
-        if data.len() > vrdma::MAX_PRIVATE_DATA {
-            return err(EINVAL);
-        }
-        let Some(req) = id
-            .st
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .request
-            .take()
-        else {
-            return err(EINVAL);
-        };
-        let me = Ptr(p as usize);
-        let t = std::thread::Builder::new()
-            .name("vrdma-cm-accept".into())
-            .spawn(move || {
-                let p = me.0 as *mut rdma_cm_id;
-                // SAFETY: the id lives until rdma_destroy_id, which joins this thread.
-                let Some(qp) = (unsafe { Qp::of((*p).qp) }) else {
-                    return;
-                };
-                let r = qp.cm_accept(req, &data);
-                // SAFETY: as above.
-                unsafe {
-                    match r {
-                        Ok(info) => established(p, &info),
-                        Err(e) => {
-                            let code = fail("rdma_accept", &e);
-                            push(
-                                p,
-                                std::ptr::null_mut(),
-                                RDMA_CM_EVENT_CONNECT_ERROR,
-                                -code,
-                                &[],
-                                (0, 0),
-                            )
-                        }
-                    }
+        spawn_on_qp(id, p, "vrdma-cm-accept", move |p, qp| {
+            let r = qp.cm_accept(req, &data);
+            // SAFETY: the id lives until rdma_destroy_id, which joins this thread.
+            unsafe {
+                match r {
+                    Ok(info) => established(p, &info),
+                    Err(e) => push_connect_error(p, "rdma_accept", &e),
                 }
-            });
-        match t {
-            Ok(t) => {
-                id.st
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .threads
-                    .push(t);
-                0
             }
-            Err(_) => err(EAGAIN),
-        }
+        })
     })
 }
 
@@ -904,13 +868,7 @@ pub unsafe extern "C" fn vrdma_verbs_rdma_reject(
         let Some(id) = (unsafe { Id::of(p) }) else {
             return err(EINVAL);
         };
-        let Some(req) = id
-            .st
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .request
-            .take()
-        else {
+        let Some(req) = id.state().request.take() else {
             return err(EINVAL);
         };
         let bytes = if data.is_null() || len == 0 {
@@ -1289,14 +1247,7 @@ mod tests {
                 vrdma_verbs_rdma_create_id(ch, &mut id, std::ptr::null_mut(), RDMA_PS_TCP),
                 0
             );
-            push(
-                id,
-                std::ptr::null_mut(),
-                RDMA_CM_EVENT_ADDR_RESOLVED,
-                0,
-                &[],
-                (0, 0),
-            );
+            push_own(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
             push(
                 id,
                 std::ptr::null_mut(),
@@ -1332,23 +1283,9 @@ mod tests {
                 vrdma_verbs_rdma_create_id(ch, &mut id2, std::ptr::null_mut(), RDMA_PS_TCP),
                 0
             );
-            push(
-                id,
-                std::ptr::null_mut(),
-                RDMA_CM_EVENT_DISCONNECTED,
-                0,
-                &[],
-                (0, 0),
-            );
+            push_own(id, RDMA_CM_EVENT_DISCONNECTED, 0);
             assert_eq!(vrdma_verbs_rdma_destroy_id(id), 0);
-            push(
-                id2,
-                std::ptr::null_mut(),
-                RDMA_CM_EVENT_ESTABLISHED,
-                0,
-                &[],
-                (0, 0),
-            );
+            push_own(id2, RDMA_CM_EVENT_ESTABLISHED, 0);
             assert_eq!(vrdma_verbs_rdma_get_cm_event(ch, &mut e), 0);
             assert_eq!((*e).id, id2);
             assert_eq!((*e).event, RDMA_CM_EVENT_ESTABLISHED);
