@@ -85,6 +85,14 @@ field() {
     awk -v s="$1" -v f="$2" '$1 == s && $2 ~ /^[0-9]+$/ { v = $f } END { if (v == "") exit 1; print v }' "$3"
 }
 
+# Stops a server this script started (perf and tool run in command substitutions: their
+# servers are not in PIDS, so a failing run must stop its own; the simulated host's gate
+# process does not pass the signal on: the whole tree, children first).
+stop() {
+    for c in $(ps -o pid= --ppid "$1" 2>/dev/null || true); do stop "$c"; done
+    kill "$1" 2>/dev/null || true
+}
+
 # vrdma-perf TEST SIZE ITERS -> its result file
 perf() {
     out=$T/perf-$1-$r.out
@@ -96,12 +104,12 @@ perf() {
     srv=$!
     i=0
     until port=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$so" 2>/dev/null) && [ -n "$port" ]; do
-        i=$((i + 1)); [ $i -lt 300 ] || { echo "vrdma-perf server did not start" >&2; cat "$T/perf-srv.err" >&2; exit 1; }
+        i=$((i + 1)); [ $i -lt 300 ] || { echo "vrdma-perf server did not start" >&2; cat "$T/perf-srv.err" >&2; stop "$srv"; exit 1; }
         sleep 0.05
     done
     VRDMA_SIM=$H "$BIN/vrdma-simhost" run "$D2" -- \
         "$BIN/vrdma-perf" "$1" 127.0.0.1 --port "$port" --size "$2" --iters "$3" --tx-depth 128 $PERF_POLL >"$out" 2>"$T/perf-cli.err" \
-        || { echo "vrdma-perf $1 client failed" >&2; cat "$out" "$T/perf-cli.err" "$T/perf-srv.err" >&2; exit 1; }
+        || { echo "vrdma-perf $1 client failed" >&2; cat "$out" "$T/perf-cli.err" "$T/perf-srv.err" >&2; stop "$srv"; exit 1; }
     wait "$srv" || { echo "vrdma-perf $1 server failed" >&2; cat "$T/perf-srv.err" >&2; exit 1; }
     echo "$out"
 }
@@ -115,12 +123,12 @@ tool() {
     srv=$!
     i=0
     until listening "$port"; do
-        i=$((i + 1)); [ $i -lt 600 ] || { echo "$1 server did not listen" >&2; cat "$T/tool-srv.out" "$T/tool-srv.err" >&2; exit 1; }
+        i=$((i + 1)); [ $i -lt 600 ] || { echo "$1 server did not listen" >&2; cat "$T/tool-srv.out" "$T/tool-srv.err" >&2; stop "$srv"; exit 1; }
         sleep 0.05
     done
     "$BIN/vrdma-exec" --sim "$H" --domain "$D2" -- \
         "$1" -p "$port" -s "$2" -n "$3" 127.0.0.1 >"$out" 2>"$T/tool-cli.err" \
-        || { echo "$1 client failed" >&2; cat "$out" "$T/tool-cli.err" "$T/tool-srv.out" "$T/tool-srv.err" >&2; exit 1; }
+        || { echo "$1 client failed" >&2; cat "$out" "$T/tool-cli.err" "$T/tool-srv.out" "$T/tool-srv.err" >&2; stop "$srv"; exit 1; }
     wait "$srv" || { echo "$1 server failed" >&2; cat "$T/tool-srv.out" "$T/tool-srv.err" >&2; exit 1; }
     echo "$out"
 }
