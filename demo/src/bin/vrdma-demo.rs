@@ -6,7 +6,8 @@
 //! the speed-target ratios (the targets table of docs/benchmarks.md), then shuts everything
 //! down (guests closed, domains destroyed, backend stopped, host sockets and directory removed).
 //!
-//! `cargo run --release --bin vrdma-demo` (add `-- --quick` for a few seconds' version).
+//! `cargo run --release --bin vrdma-demo` (add `-- --quick` for a few seconds' version;
+//! `-- --apps`: Debian's unmodified verbs tools between the two guests instead, `apps.rs`).
 //!
 //! The default run does both parts, the intra-host tour and then the inter-host case
 //! (`--hosts 1` or `--hosts 2`: one of them). The inter-host case (issue 12): two embedded
@@ -82,6 +83,12 @@ struct Cli {
     /// every FPDU between two vrdma backends). `decline` on both: no CRC.
     #[arg(long, value_enum, value_name = "POLICY")]
     mpa_crc: Option<Crc>,
+    /// Instead of the tour: Debian's unmodified ibv_rc_pingpong, rping, ib_send_lat and
+    /// ib_write_bw between two guests, through vrdma-exec (build it: `cargo build --release
+    /// -p vrdma-verbs`), their output printed. Installs nothing: names the Debian packages
+    /// to install when a tool is absent.
+    #[arg(long, conflicts_with_all = ["hosts", "quick", "tests", "mode"])]
+    apps: bool,
 }
 
 /// `[cm] crc` on the command line.
@@ -122,6 +129,7 @@ fn main() -> ExitCode {
     vrdma_perf::init_tracing();
     let cli = Cli::parse();
     let r = match cli.hosts {
+        _ if cli.apps => vrdma_demo::apps::run(cli.dir.as_deref()),
         Some(1) => demo(&cli),
         Some(_) => inter_host(&cli),
         // Both: the inter-host rows add a few seconds to the tour (docs/benchmarks.md).

@@ -480,7 +480,35 @@ fn deliver_wc(ctx: &Ctx, w: &WorkCompletion) -> bool {
     }
 }
 
+/// The environment variable that makes an empty `ibv_poll_cq` yield the CPU.
+pub(crate) const POLL_YIELD_VAR: &str = "VRDMA_VERBS_POLL_YIELD";
+
+/// Whether `value` (of [`POLL_YIELD_VAR`]) turns the yield on: `1`, nothing else.
+fn poll_yield_on(value: Option<&std::ffi::OsStr>) -> bool {
+    value.is_some_and(|v| v == "1")
+}
+
+/// `VRDMA_VERBS_POLL_YIELD=1`: an `ibv_poll_cq` that finds nothing calls `sched_yield`
+/// before it returns, so a busy-polling program (perftest) gives its core to the peer and the
+/// backend on a machine with fewer cores than spinning threads (what `vrdma-perf
+/// --yield-poll` does in the benchmark itself). Off by default: the poll stays syscall-free.
+fn poll_yield() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| poll_yield_on(std::env::var_os(POLL_YIELD_VAR).as_deref()))
+}
+
 pub(crate) unsafe extern "C" fn poll_cq(p: *mut ibv_cq, n: c_int, out: *mut ibv_wc) -> c_int {
+    // SAFETY: the caller's contract (ibv_poll_cq's), passed on unchanged.
+    let got = unsafe { poll_cq_inner(p, n, out) };
+    if got == 0 && n > 0 && poll_yield() {
+        std::thread::yield_now();
+    }
+    got
+}
+
+/// # Safety
+/// `ibv_poll_cq`'s contract: `p` a CQ of this library, `out` room for `n` completions.
+unsafe fn poll_cq_inner(p: *mut ibv_cq, n: c_int, out: *mut ibv_wc) -> c_int {
     guard(-1, || {
         // SAFETY: C contract.
         let Some(cq) = (unsafe { Cq::of(p) }) else {
@@ -523,4 +551,23 @@ pub(crate) unsafe extern "C" fn poll_cq(p: *mut ibv_cq, n: c_int, out: *mut ibv_
         }
         done as c_int
     })
+}
+
+#[cfg(test)]
+mod poll_yield_tests {
+    use super::poll_yield_on;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn only_1_turns_the_yield_on() {
+        assert!(poll_yield_on(Some(OsStr::new("1"))));
+        for off in [
+            None,
+            Some(OsStr::new("0")),
+            Some(OsStr::new("")),
+            Some(OsStr::new("yes")),
+        ] {
+            assert!(!poll_yield_on(off), "{off:?}");
+        }
+    }
 }

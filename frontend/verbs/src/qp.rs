@@ -220,17 +220,15 @@ pub unsafe extern "C" fn vrdma_verbs_ibv_destroy_qp(p: *mut ibv_qp) -> c_int {
 }
 
 /// The peer's address for `vrdma::QueuePair::connect` from an address vector: no GRH, or our
-/// own GID, means "on this backend"; any other GID is the peer backend's address.
-fn peer_addr(ctx: &Ctx, ah: &ibv_ah_attr) -> [u8; 16] {
+/// own GID, means "on this backend". Any other GID names another host, which an address
+/// vector cannot reach: the backend pairs QPs by number on its own host only, between hosts
+/// a QP connects through the connection manager (rdma_cm). `None` then.
+fn peer_addr(ctx: &Ctx, ah: &ibv_ah_attr) -> Option<[u8; 16]> {
     let own = ctx.vr.backend_addr_raw();
-    if ah.is_global == 0 {
-        return own;
-    }
-    let dgid = ah.grh.dgid.raw();
-    if dgid == ctx.gid {
-        own
+    if ah.is_global == 0 || ah.grh.dgid.raw() == ctx.gid {
+        Some(own)
     } else {
-        dgid
+        None
     }
 }
 
@@ -280,8 +278,18 @@ pub unsafe extern "C" fn vrdma_verbs_ibv_modify_qp(
             if mask & IBV_QP_AV == 0 || mask & IBV_QP_DEST_QPN == 0 {
                 return EINVAL;
             }
+            let Some(addr) = peer_addr(ctx, &a.ah_attr) else {
+                if std::env::var_os("VRDMA_VERBS_LOG").is_some() {
+                    eprintln!(
+                        "vrdma-verbs: ibv_modify_qp(RTR): the address vector's GID is another \
+                         host's: address vectors reach QPs of this host only, connect through \
+                         rdma_cm between hosts"
+                    );
+                }
+                return EOPNOTSUPP;
+            };
             let ep = QpEndpoint {
-                addr: peer_addr(ctx, &a.ah_attr),
+                addr,
                 qp_num: a.dest_qp_num,
             };
             // The backend answers when both ends have named each other, which may be after

@@ -16,85 +16,14 @@
 //! Without them the tests FAIL and say why, unless `VRDMA_SKIP_VERBS_TOOLS=1` is set, in which
 //! case they print loudly that they did not run.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use vrdma_demo::lab::{Guest, Lab};
+use vrdma_demo::lab::Lab;
 
-const SKIP_VAR: &str = "VRDMA_SKIP_VERBS_TOOLS";
-
-/// Whether `tool` is on PATH; if not, fails the test (or, with `SKIP_VAR=1`, says loudly that
-/// it did not run and returns false).
-fn have(tool: &str, package: &str) -> bool {
-    let found = std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()));
-    if found {
-        return true;
-    }
-    if std::env::var_os(SKIP_VAR).is_some_and(|v| v == "1") {
-        eprintln!(
-            "\n*** VERBS TOOLS TEST DID NOT RUN: `{tool}` is not installed (Debian package \
-             {package}) and {SKIP_VAR}=1 is set ***\n"
-        );
-        return false;
-    }
-    panic!(
-        "VERBS TOOLS TEST CANNOT RUN: `{tool}` is not installed: apt-get install {package} \
-         (or set {SKIP_VAR}=1 to skip it knowingly)"
-    );
-}
-
-/// Where cargo put this build's binaries and libraries (`target/<profile>`).
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    let dir = exe.parent().expect("exe dir");
-    if dir.ends_with("deps") {
-        dir.parent().expect("profile dir").to_path_buf()
-    } else {
-        dir.to_path_buf()
-    }
-}
-
-/// vrdma-exec, with libvrdma_verbs.so built next to it (cargo builds no cdylib for
-/// integration tests: build it once per test process, same profile and target dir).
-fn vrdma_exec() -> PathBuf {
-    static BUILT: std::sync::Once = std::sync::Once::new();
-    let dir = profile_dir();
-    BUILT.call_once(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-p", "vrdma-verbs", "--lib"]);
-        if dir.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        if let Some(target) = dir.parent() {
-            cmd.env("CARGO_TARGET_DIR", target);
-        }
-        let st = cmd.status().expect("run cargo build -p vrdma-verbs");
-        assert!(st.success(), "cargo build -p vrdma-verbs --lib failed");
-    });
-    let so = dir.join("libvrdma_verbs.so");
-    assert!(so.exists(), "{} missing after the build", so.display());
-    PathBuf::from(env!("CARGO_BIN_EXE_vrdma-exec"))
-}
-
-/// `vrdma-exec --sim DIR --domain D -- args…` in guest `d` of `lab`.
-fn exec_in(lab: &Lab, d: xen_platform::DomId, args: &[&str]) -> Guest {
-    let mut cmd = Command::new(vrdma_exec());
-    cmd.arg("--sim")
-        .arg(&lab.dir)
-        .args(["--domain", &d.0.to_string(), "--"])
-        .args(args);
-    lab.spawn(d, cmd).expect("start a program in the guest")
-}
-
-/// A TCP port free on 127.0.0.1 right now (the tool's out-of-band exchange uses it).
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
-    l.local_addr().unwrap().port()
-}
+mod common;
+use common::{exec_in, free_port, have, listening, perftest_qpns, rping_string};
 
 #[test]
 fn ibv_devinfo_lists_the_vrdma_device_with_an_active_port() {
@@ -125,19 +54,6 @@ fn ibv_devinfo_lists_the_vrdma_device_with_an_active_port() {
     // The node GUID carries the guest's domain id (0276:7264:DDDD:0000).
     let guid = format!("node_guid:\t\t\t0276:7264:{:04x}:0000", d.0);
     assert!(out.contains(&guid), "no {guid:?} in:\n{out}");
-}
-
-/// Whether a TCP socket listens on `port` (any address), from /proc/net/tcp{,6}.
-fn listening(port: &str) -> bool {
-    let hex = format!(":{:04X}", port.parse::<u16>().expect("a port"));
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        std::fs::read_to_string(f).is_ok_and(|t| {
-            t.lines().skip(1).any(|l| {
-                let cols: Vec<&str> = l.split_whitespace().collect();
-                cols.len() > 3 && cols[1].ends_with(&hex) && cols[3] == "0A"
-            })
-        })
-    })
 }
 
 /// The `QPN 0x…` values of a pingpong's "local address" and "remote address" lines.
@@ -310,10 +226,36 @@ fn perftest_read_bw() {
     perftest("ib_read_bw", &[]);
 }
 
-/// `-a`: every size from 2 B to 8 MiB (buffers of 2 × 8 MiB registered: page directories).
+/// `-a`: every size from 2 B to 8 MiB (buffers of 2 × 8 MiB registered: page directories),
+/// 5 iterations each.
 #[test]
 fn perftest_write_bw_all_sizes() {
     perftest("ib_write_bw", &["-a"]);
+}
+
+#[test]
+fn perftest_send_lat_all_sizes() {
+    perftest("ib_send_lat", &["-a"]);
+}
+
+#[test]
+fn perftest_write_lat_all_sizes() {
+    perftest("ib_write_lat", &["-a"]);
+}
+
+#[test]
+fn perftest_read_lat_all_sizes() {
+    perftest("ib_read_lat", &["-a"]);
+}
+
+#[test]
+fn perftest_send_bw_all_sizes() {
+    perftest("ib_send_bw", &["-a"]);
+}
+
+#[test]
+fn perftest_read_bw_all_sizes() {
+    perftest("ib_read_bw", &["-a"]);
 }
 
 fn build_c(dir: &Path, name: &str) -> PathBuf {
@@ -367,18 +309,6 @@ fn dereg_mr_revokes_the_rkey_at_once_and_app_memory_works() {
             "verbs_check lacks {want:?}:\n{out}\n{err}"
         );
     }
-}
-
-/// The string rping's client puts in its buffer for ping `i` (`-S 64`: 63 characters): the
-/// `rdma-ping-<i>: ` prefix, then letters from `A` + i cycling through `A`..=`z`.
-fn rping_string(i: usize) -> String {
-    let mut s = format!("rdma-ping-{i}: ");
-    let mut c = 65 + (i % 58) as u8;
-    while s.len() < 63 {
-        s.push(c as char);
-        c = if c >= 122 { 65 } else { c + 1 };
-    }
-    s
 }
 
 /// Debian's `rping` (librdmacm's rdma_cm API: listen, resolve, connect, accept, disconnect)
@@ -461,18 +391,6 @@ fn rping_runs_between_two_guests() {
         .collect();
     assert_eq!(client_lines, want_client, "client output:\n{cout}\n{cerr}");
     assert_eq!(server_lines, want_server, "server output:\n{sout}\n{serr}");
-}
-
-/// The QP numbers of perftest's `local address: LID … QPN 0x… PSN …` and `remote address:`
-/// lines.
-fn perftest_qpns(out: &str) -> (Option<u32>, Option<u32>) {
-    let find = |tag: &str| {
-        out.lines()
-            .find(|l| l.trim_start().starts_with(tag))
-            .and_then(|l| l.split("QPN 0x").nth(1))
-            .and_then(|r| u32::from_str_radix(r.split_whitespace().next()?, 16).ok())
-    };
-    (find("local address:"), find("remote address:"))
 }
 
 /// Debian's perftest with `-R` (connection through librdmacm: rdma_getaddrinfo, listen,
