@@ -1,6 +1,9 @@
 //! The thread serving one channel: it sleeps on the channel's event channel (and a waker for
 //! closing and deferred answers), serves the control ring, kicks the device engine, and
-//! watches the alive byte. It never spins.
+//! watches the alive byte. It never spins. Once the device's engine watches the event channel
+//! itself ([`Device::takes_kicks`]), the thread sleeps on its waker alone and the engine wakes
+//! it ([`EvtchnKicks`]) for a control request or the frontend's death: a kick for the engine
+//! no longer wakes this thread.
 //!
 //! Closing takes bounded time whatever the guest does: the thread serves at most one ring's
 //! worth of requests per wake-up and checks the stop flag before each request, so it stops

@@ -5,8 +5,12 @@
 //! sleep word of every channel it serves (`EngineSleep::prepare_sleep`, which fences), re-checks
 //! every queue, and only then blocks in `mio::Poll` on its waker. A frontend that publishes a
 //! producer index after the re-check sees the sleep word and notifies the channel's event
-//! channel; the daemon forwards that as [`super::Device::kick`], which wakes the engine. The
-//! control path wakes it the same way when channels or QPs come and go, and for mediated posts.
+//! channel. A bypass channel's event channel is in the engine's own poller
+//! ([`super::ChannelSetup::kick_source`]), so the notification wakes the engine directly, which
+//! consumes it ([`super::KickSource::fired`], which passes control requests on to the daemon);
+//! without one, the daemon forwards the event as [`super::Device::kick`], which wakes the
+//! engine through its waker. The control path wakes it that way when channels or QPs come and
+//! go, and for mediated posts.
 //!
 //! A kick buys one look, not a spin: an engine woken from its sleep that finds no work goes
 //! straight back to sleep (after the usual arm-and-re-check), and spins for `spin` only after

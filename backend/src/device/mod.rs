@@ -12,10 +12,13 @@
 //!
 //! * Channel: [`Device::open_channel`] with the channel's doorbell page and event-ring page
 //!   (backend-allocated, granted to the guest; the device initialises both) and a
-//!   [`Notifier`] that sends the channel's event. The daemon keeps the event channel: whenever
-//!   it fires, the daemon serves the control ring *and* calls [`Device::kick`], which wakes a
-//!   sleeping engine (the frontend only notifies when the doorbell page's sleep word says the
-//!   engine sleeps). [`Device::close_channel`] frees everything the channel held.
+//!   [`Notifier`] that sends the channel's event. The guest notifies the event channel for
+//!   control requests and to kick a sleeping engine (only when the doorbell page's sleep word
+//!   says the engine sleeps). With a [`ChannelSetup::kick_source`] the software device's engine
+//!   watches it itself ([`Device::takes_kicks`]) and hands the daemon, through
+//!   [`KickSource::fired`], what was not a kick; otherwise the daemon watches it, serves the
+//!   control ring *and* calls [`Device::kick`], which wakes a sleeping engine.
+//!   [`Device::close_channel`] frees everything the channel held.
 //! * Handles ([`PdId`], [`MrHandle`], [`CqId`], [`QpNum`]) are unique on this device and never 0;
 //!   every call checks that the handle belongs to the calling channel, so the daemon may hand
 //!   them to the guest as they are. QP numbers are the RC endpoint addresses of this backend.
