@@ -182,6 +182,9 @@ for p in siw rxe; do
     copy_bin "$S" "root/usr/lib/x86_64-linux-gnu/libibverbs/lib$p-rdmav34.so" "/usr/lib/x86_64-linux-gnu/libibverbs/lib$p-rdmav34.so"
     install -D -m 0644 "root/etc/libibverbs.d/$p.driver" "$S/etc/libibverbs.d/$p.driver"
 done
+# A preload that delays a program's second and later rdma_connect (guest/connect-delay.c: Debian's
+# perftest crashes when its second connect is refused; scenarios/siw, vrdma as server).
+gcc -O2 -Wall -shared -fPIC -o "$S/usr/lib/lab-rdma/connect-delay.so" "$HERE/guest/connect-delay.c"
 cp -a root/etc/iproute2 "$S/etc/"
 install -m 0755 "$HERE/guest/init-dom0.sh" "$S/init"
 install -m 0644 "$HERE/guest/lab-lib.sh" "$S/lab/lab-lib.sh"

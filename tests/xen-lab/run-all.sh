@@ -55,7 +55,8 @@ run rxe "$BIN/vrdma-backend" "$BIN/vrdmactl" "$BIN/vrdma-guest" "$BIN/verbs_devi
 # vrdma-exec (libvrdma_verbs.so preloaded; vrdma-exec finds it beside itself in /lab/bin).
 run apps "$BIN/vrdma-backend" "$BIN/vrdmactl" "$BIN/vrdma-exec" "$BIN/libvrdma_verbs.so"
 # Linux siw in dom0 (built from Debian's linux-source, cached): stock rdma-core tools over siw,
-# and a vrdma guest against stock rping on siw in both directions, CRC off and on, every capture
+# and a vrdma guest against stock rping and perftest on siw in both directions (perftest
+# unmodified, through vrdma-exec), CRC off and on, every capture
 # checked by Wireshark's dissectors and our codec (run-siw.sh; about 6 minutes).
 echo "=== xen-lab scenario siw (run-siw.sh)"
 if "$HERE/run-siw.sh" > "$ROOT/target/xen-lab/last-siw-all.out" 2>&1; then
