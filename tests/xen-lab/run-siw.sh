@@ -13,14 +13,14 @@
 # siw1 in both directions and both CRC modes; those captures (siw-<mode>-vrdma-*.pcap) get the
 # same tshark checks. And unmodified perftest through vrdma-exec (libvrdma_verbs.so preloaded)
 # in that domU: ib_write_bw, ib_read_lat, ib_send_lat with -R as client of stock perftest
-# servers on siw1 and as server for stock clients, both CRC modes
-# (siw-<mode>-vrdma-<tool>-{client,server}.pcap, same checks).
+# servers on siw1 (and, opt-in: SIW_TOOLS with vrdma-perftest-server, as server for stock
+# clients), both CRC modes (siw-<mode>-vrdma-<tool>-{client,server}.pcap, same checks).
 # Exit 0 iff the scenario PASSes, (with tshark) every capture passes those checks, and the
 # codec test passes.
 #
 # Environment: LAB_BUILD (images, default target/xen-lab), LAB_TIMEOUT (default 900 s);
 # SIW_MODES ("nocrc crc") and SIW_TOOLS ("rping ib_write_bw ib_read_lat ib_send_lat vrdma
-# vrdma-perftest")
+# vrdma-perftest"; add vrdma-perftest-server for the opt-in server role)
 # narrow the run (passed to the scenario as siw-lab.env).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)

@@ -11,6 +11,9 @@
 #     `vrdma-rping -c` in labU1 against `rping -s` in dom0 (vrdma initiator), then
 #     `rping -c` in dom0 against `vrdma-rping -s` in labU1 (vrdma responder); 5 pings of
 #     64 B, validated at both ends (-V);
+#  3. (vrdma-perftest) Debian's perftest in labU1 through vrdma-exec (ib_write_bw, ib_read_lat,
+#     ib_send_lat -R) as client of stock perftest servers on siw1; with vrdma-perftest-server
+#     (opt-in) also as server for stock clients;
 # while tcpdump captures the TCP traffic (to a local address it goes over lo). The captures
 # and each tool's output go to the share's out/ (out/siw-<mode>-<tool>.pcap, .log; the vrdma
 # runs are <tool> = vrdma-client / vrdma-server). Exits 0 iff every tool exited 0, every rping
@@ -20,7 +23,8 @@
 # image (/etc/lab-rdma-modules, /usr/lib/lab-rdma).
 # siw-lab.env in the share (optional, run-siw.sh writes it from its environment) may set
 # SIW_MODES (default "nocrc crc") and SIW_TOOLS (default "rping ib_write_bw ib_read_lat
-# ib_send_lat vrdma"): a shorter run for debugging one part.
+# ib_send_lat vrdma vrdma-perftest"; "vrdma-perftest-server" adds perftest with labU1 as
+# server, opt-in): a shorter or longer run.
 fail=0
 R=/usr/lib/lab-rdma
 OUT=/mnt/lab/out
@@ -273,7 +277,7 @@ vrdma_perf() {
 }
 # The domU boots while the stock tools run.
 VRDMA=0
-if want vrdma || want vrdma-perftest; then
+if want vrdma || want vrdma-perftest || want vrdma-perftest-server; then
     if vrdma_backend nocrc && vrdma_domU; then VRDMA=1; else fail=1; fi
 fi
 
@@ -305,10 +309,14 @@ for mode in ${SIW_MODES:-nocrc crc}; do
             vrdma_$1 $mode $2 || { fail=1; sed 's/^/  /' /run/lab/siw-$mode-vrdma-$1.*.log | tail -n 20; }
         done
     fi
-    if [ $VRDMA = 1 ] && want vrdma-perftest; then
+    if [ $VRDMA = 1 ]; then
         # Unmodified perftest in labU1 (vrdma-exec) against stock perftest on siw1, labU1 as
-        # client then as server; the stock ends' logs come back in out/.
-        for role in client server; do
+        # client (vrdma-perftest, default) and as server (vrdma-perftest-server, opt-in: see
+        # docs/xen-lab.md); the stock ends' logs come back in out/.
+        roles=
+        want vrdma-perftest && roles=client
+        want vrdma-perftest-server && roles="$roles server"
+        for role in $roles; do
             for t in "ib_write_bw 18525 -s 4096 -n 10" "ib_read_lat 18526 -s 64 -n 10" "ib_send_lat 18527 -s 64 -n 10"; do
                 set -- $t; tool=$1; port=$2; shift 2
                 [ $role = server ] && port=$((port + 10))
