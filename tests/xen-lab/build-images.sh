@@ -5,7 +5,10 @@
 #   $LAB_BUILD/vmlinux    Debian 6.1 kernel as a raw ELF (dom0 and domUs; no xz under TCG)
 #   $LAB_BUILD/dom0.cpio  dom0 initramfs: busybox, the Xen toolstack and libraries, modules,
 #                         the domU kernel and initramfs, the lab library
-#   $LAB_BUILD/domU.cpio  domU initramfs: busybox, xenstore tools, modules, xenlab-probe
+#   $LAB_BUILD/domU.cpio  domU initramfs: busybox, xenstore tools, modules, xenlab-probe, and
+#                         the unmodified verbs tools (rping, ibv_devinfo, ibv_devices,
+#                         ibv_rc_pingpong, perftest's ib_*) with their libraries, for
+#                         vrdma-exec (a scenario brings it and libvrdma_verbs.so)
 # dom0.cpio also carries RDMA (not loaded at boot; a scenario loads it, see scenarios/siw): the
 # kernel's rdma modules (listed in /etc/lab-rdma-modules) and rdma-core user space (libibverbs
 # with the siw and rxe providers, librdmacm, rping, ibv_devinfo, perftest, iproute2's ip and
@@ -53,9 +56,12 @@ if ! ls debs/linux-image-6.*-amd64_*.deb >/dev/null 2>&1 || ! ls debs/xen-hyperv
     KPKG=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-/{print $2; exit}')
     (cd debs && timeout 600 apt-get -o APT::Sandbox::User=root download "${PKGS[@]/linux-image-amd64/$KPKG}")
 fi
-if ! ls debs/rdmacm-utils_*.deb >/dev/null 2>&1; then
+# Per package: a name added to RDMA_PKGS is fetched into an existing cache too.
+missing=()
+for p in "${RDMA_PKGS[@]}"; do ls debs/"${p}"_*.deb >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
     timeout 300 apt-get update -qq || true
-    (cd debs && timeout 600 apt-get -o APT::Sandbox::User=root download "${RDMA_PKGS[@]}")
+    (cd debs && timeout 600 apt-get -o APT::Sandbox::User=root download "${missing[@]}")
 fi
 if [ ! -d root ] || [ debs -nt root ]; then
     rm -rf root && mkdir root
@@ -141,10 +147,19 @@ base_tree() {
 
 XMODS=(xen-evtchn xenfs xen-privcmd xen-gntdev xen-gntalloc)
 
+# Unmodified verbs programs, run in a domU through vrdma-exec (libvrdma_verbs.so preloaded; both
+# come with a scenario's files): rdma-core's and perftest's binaries and the libraries they link
+# (libibverbs, librdmacm, libmlx5/libefa for perftest, ...). No provider and no kernel rdma
+# module: the preloaded library answers every device call. In dom0 the same tools are in
+# /usr/lib/lab-rdma (off PATH); in a domU they are on PATH.
+VERBS_TOOLS=(rping ibv_devinfo ibv_devices ibv_rc_pingpong ib_send_lat ib_send_bw ib_write_lat
+      ib_write_bw ib_read_lat ib_read_bw)
+
 # 3. domU initramfs
 S=$B/stage-domU
 base_tree "$S"
 add_modules "$S" "${XMODS[@]}"
+for b in "${VERBS_TOOLS[@]}"; do copy_bin "$S" "root/usr/bin/$b" "/usr/bin/$b"; done
 install -m 0755 "$HERE/guest/init-domU.sh" "$S/init"
 (cd "$S" && find . | LC_ALL=C sort | cpio -o -H newc --quiet) > domU.cpio
 
@@ -160,15 +175,16 @@ printf 'autoballoon="off"\n' > "$S/etc/xen/xl.conf"
 add_modules "$S" "${XMODS[@]}" virtio_pci 9pnet_virtio 9p
 # RDMA: modules in /etc/lab-rdma-modules (a scenario insmods them in order), user space.
 LIST=lab-rdma-modules add_modules "$S" "${RDMA_MODS[@]}"
-for b in /usr/bin/rping /usr/bin/ibv_devinfo /usr/bin/ibv_devices /usr/bin/rdma /bin/ip /usr/bin/tcpdump \
-         /usr/bin/ib_write_bw /usr/bin/ib_write_lat /usr/bin/ib_read_bw /usr/bin/ib_read_lat \
-         /usr/bin/ib_send_bw /usr/bin/ib_send_lat; do
+for b in "${VERBS_TOOLS[@]/#//usr/bin/}" /usr/bin/rdma /bin/ip /usr/bin/tcpdump; do
     copy_bin "$S" "root$b" "/usr/lib/lab-rdma/$(basename "$b")"   # not on PATH by default:
 done                                                             # busybox's ip stays the default
 for p in siw rxe; do
     copy_bin "$S" "root/usr/lib/x86_64-linux-gnu/libibverbs/lib$p-rdmav34.so" "/usr/lib/x86_64-linux-gnu/libibverbs/lib$p-rdmav34.so"
     install -D -m 0644 "root/etc/libibverbs.d/$p.driver" "$S/etc/libibverbs.d/$p.driver"
 done
+# A preload that delays a program's second and later rdma_connect (guest/connect-delay.c: Debian's
+# perftest crashes when its second connect is refused; scenarios/siw, vrdma as server).
+gcc -O2 -Wall -shared -fPIC -o "$S/usr/lib/lab-rdma/connect-delay.so" "$HERE/guest/connect-delay.c"
 cp -a root/etc/iproute2 "$S/etc/"
 install -m 0755 "$HERE/guest/init-dom0.sh" "$S/init"
 install -m 0644 "$HERE/guest/lab-lib.sh" "$S/lab/lab-lib.sh"

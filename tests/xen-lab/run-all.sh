@@ -11,8 +11,8 @@ BIN=$ROOT/target/xen-lab/bin
 rm -rf "$BIN" && mkdir -p "$BIN"
 cargo build --release -q -p xenstore-proto --example xs-probe -p xen-platform --example platform-probe \
     -p vrdma-backend --bin vrdma-backend --bin vrdmactl -p vrdma-tests --bin vrdma-guest \
-    -p vrdma-perf --bin vrdma-perf
-for b in vrdma-backend vrdmactl vrdma-guest vrdma-perf; do strip -o "$BIN/$b" "target/release/$b"; done
+    -p vrdma-perf --bin vrdma-perf -p vrdma-verbs
+for b in vrdma-backend vrdmactl vrdma-guest vrdma-perf vrdma-exec libvrdma_verbs.so; do strip -o "$BIN/$b" "target/release/$b"; done
 # Stripped: the domUs unpack these into RAM (a 160 MB guest runs out with debug info).
 strip -o "$BIN/xs-probe" target/release/examples/xs-probe
 strip -o "$BIN/platform-probe" target/release/examples/platform-probe
@@ -51,8 +51,12 @@ run split "$BIN/vrdma-backend" "$BIN/vrdmactl" "$BIN/vrdma-guest" "$BIN/vrdma-pe
 # The verbs device (issue 13) on Soft-RoCE (rdma_rxe, rxe0 on dummy0) in dom0: its tests on
 # rxe0, then two domUs through `vrdma-backend --device verbs:rxe0` (scenarios/rxe/README).
 run rxe "$BIN/vrdma-backend" "$BIN/vrdmactl" "$BIN/vrdma-guest" "$BIN/verbs_device"
+# Debian's unmodified verbs tools (ibv_devinfo, rping, perftest -R) between two domUs through
+# vrdma-exec (libvrdma_verbs.so preloaded; vrdma-exec finds it beside itself in /lab/bin).
+run apps "$BIN/vrdma-backend" "$BIN/vrdmactl" "$BIN/vrdma-exec" "$BIN/libvrdma_verbs.so"
 # Linux siw in dom0 (built from Debian's linux-source, cached): stock rdma-core tools over siw,
-# and a vrdma guest against stock rping on siw in both directions, CRC off and on, every capture
+# and a vrdma guest against stock rping and perftest on siw in both directions (perftest
+# unmodified, through vrdma-exec), CRC off and on, every capture
 # checked by Wireshark's dissectors and our codec (run-siw.sh; about 6 minutes).
 echo "=== xen-lab scenario siw (run-siw.sh)"
 if "$HERE/run-siw.sh" > "$ROOT/target/xen-lab/last-siw-all.out" 2>&1; then

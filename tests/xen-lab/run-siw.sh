@@ -11,12 +11,16 @@
 # The scenario also runs a vrdma guest against siw: vrdma-backend in dom0 (release build,
 # stripped, with vrdmactl and vrdma-rping) and vrdma-rping in a domU, against stock rping on
 # siw1 in both directions and both CRC modes; those captures (siw-<mode>-vrdma-*.pcap) get the
-# same tshark checks.
+# same tshark checks. And unmodified perftest through vrdma-exec (libvrdma_verbs.so preloaded)
+# in that domU: ib_write_bw, ib_read_lat, ib_send_lat with -R as client of stock perftest
+# servers on siw1 (and, opt-in: SIW_TOOLS with vrdma-perftest-server, as server for stock
+# clients), both CRC modes (siw-<mode>-vrdma-<tool>-{client,server}.pcap, same checks).
 # Exit 0 iff the scenario PASSes, (with tshark) every capture passes those checks, and the
 # codec test passes.
 #
 # Environment: LAB_BUILD (images, default target/xen-lab), LAB_TIMEOUT (default 900 s);
-# SIW_MODES ("nocrc crc") and SIW_TOOLS ("rping ib_write_bw ib_read_lat ib_send_lat vrdma")
+# SIW_MODES ("nocrc crc") and SIW_TOOLS ("rping ib_write_bw ib_read_lat ib_send_lat vrdma
+# vrdma-perftest"; add vrdma-perftest-server for the opt-in server role)
 # narrow the run (passed to the scenario as siw-lab.env).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -30,9 +34,10 @@ export LAB_BUILD=$B
 cd "$ROOT"
 VB=$B/siw-bin
 rm -rf "$VB" && mkdir -p "$VB"
-cargo build --release -q -p vrdma-backend --bin vrdma-backend --bin vrdmactl -p vrdma-tests --bin vrdma-rping
-# Stripped: the domU unpacks these into RAM.
-for b in vrdma-backend vrdmactl vrdma-rping; do strip -o "$VB/$b" "target/release/$b"; done
+cargo build --release -q -p vrdma-backend --bin vrdma-backend --bin vrdmactl -p vrdma-tests --bin vrdma-rping \
+    -p vrdma-verbs
+# Stripped: the domU unpacks these into RAM. vrdma-exec finds libvrdma_verbs.so beside it.
+for b in vrdma-backend vrdmactl vrdma-rping vrdma-exec libvrdma_verbs.so; do strip -o "$VB/$b" "target/release/$b"; done
 : > "$VB/siw-lab.env"
 [ -n "${SIW_MODES:-}" ] && echo "SIW_MODES='$SIW_MODES'" >> "$VB/siw-lab.env"
 [ -n "${SIW_TOOLS:-}" ] && echo "SIW_TOOLS='$SIW_TOOLS'" >> "$VB/siw-lab.env"

@@ -11,6 +11,9 @@
 #     `vrdma-rping -c` in labU1 against `rping -s` in dom0 (vrdma initiator), then
 #     `rping -c` in dom0 against `vrdma-rping -s` in labU1 (vrdma responder); 5 pings of
 #     64 B, validated at both ends (-V);
+#  3. (vrdma-perftest) Debian's perftest in labU1 through vrdma-exec (ib_write_bw, ib_read_lat,
+#     ib_send_lat -R) as client of stock perftest servers on siw1; with vrdma-perftest-server
+#     (opt-in) also as server for stock clients;
 # while tcpdump captures the TCP traffic (to a local address it goes over lo). The captures
 # and each tool's output go to the share's out/ (out/siw-<mode>-<tool>.pcap, .log; the vrdma
 # runs are <tool> = vrdma-client / vrdma-server). Exits 0 iff every tool exited 0, every rping
@@ -20,7 +23,8 @@
 # image (/etc/lab-rdma-modules, /usr/lib/lab-rdma).
 # siw-lab.env in the share (optional, run-siw.sh writes it from its environment) may set
 # SIW_MODES (default "nocrc crc") and SIW_TOOLS (default "rping ib_write_bw ib_read_lat
-# ib_send_lat vrdma"): a shorter run for debugging one part.
+# ib_send_lat vrdma vrdma-perftest"; "vrdma-perftest-server" adds perftest with labU1 as
+# server, opt-in): a shorter or longer run.
 fail=0
 R=/usr/lib/lab-rdma
 OUT=/mnt/lab/out
@@ -28,7 +32,7 @@ ADDR=10.78.0.1
 VADDR=10.78.0.2   # vrdma-backend's address, beside siw1's on dummy0
 BIN=/mnt/lab/bin
 [ -f $BIN/siw-lab.env ] && . $BIN/siw-lab.env
-TOOLS=${SIW_TOOLS:-rping ib_write_bw ib_read_lat ib_send_lat vrdma}
+TOOLS=${SIW_TOOLS:-rping ib_write_bw ib_read_lat ib_send_lat vrdma vrdma-perftest}
 want() { case " $TOOLS " in *" $1 "*) return 0 ;; esac; return 1; }
 TO=120   # seconds, per tool process (TCG on a busy host is slow; an idle one needs ~2 s)
 
@@ -147,7 +151,7 @@ vwait() {
         xenstore-exists "/local/domain/$D1" || { lab_log "labU1 died"; VRC=died; VPINGS=0; return 1; }
         sleep 0.2
     done
-    set -- $d; VRC=$2; VPINGS=$3
+    set -- $d; VRC=$2; VPINGS=$3; VITERS=$4; VCM=$5; VLQ=$6; VRQ=$7
 }
 # vrdma_backend MODE: (re)starts vrdma-backend at $VADDR with the MPA CRC policy of MODE
 # (siw.ko never asks for CRC and honours a peer that does: "decline" keeps the wire CRC-less
@@ -215,9 +219,65 @@ vrdma_server() {
     lab_log "$tag: rping -c (siw1) rc=$crc verified $seen pings; vrdma-rping -s (labU1) rc=$VRC printed $VPINGS pings; $pk packets captured, $t0-$t1 s"
     [ "$crc" = 0 ] && [ "$seen" = 5 ] && [ "$VRC" = 0 ] && [ "$VPINGS" = 5 ] && [ "${pk:-0}" -gt 0 ]
 }
+# pt_facts FILE: what a stock perftest printed, as domU.sh reports it for the vrdma end: PITERS
+# (#iterations of its first result row), PCM (1: rdma_cm), PLQ / PRQ (its QP number, its peer's).
+pt_facts() {
+    PITERS=$(awk '/^ *#bytes/ {h=1; next} h && $1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ {print $2; exit}' "$1")
+    PITERS=${PITERS:--}
+    PCM=0; grep -q 'Data ex. method : rdma_cm' "$1" && PCM=1
+    PLQ=$(sed -n 's/^ *local address:.*QPN \(0x[0-9a-fA-F]*\).*/\1/p' "$1" | head -n1)
+    PRQ=$(sed -n 's/^ *remote address:.*QPN \(0x[0-9a-fA-F]*\).*/\1/p' "$1" | head -n1)
+    PLQ=${PLQ:--}; PRQ=${PRQ:--}
+}
+# vrdma_perf ROLE MODE TOOL PORT ARGS...: unmodified perftest with -R between labU1 (through
+# vrdma-exec) and stock perftest on siw1. ROLE client: stock server on siw1, labU1's client
+# connects to $ADDR (vrdma initiator); ROLE server: labU1's server listens on the backend's
+# $VADDR, the stock client on siw1 connects to it (vrdma responder). Captured as
+# siw-MODE-vrdma-TOOL-ROLE. Passes when both exit 0, both used rdma_cm, each names the other's
+# QP and the client (and the server, but for ib_read_lat's and ib_write_lat's which print none)
+# prints a result row of the iterations asked. Never retried: a failure here involves vrdma.
+# As server, the stock client runs with guest/connect-delay.c preloaded (see there).
+vrdma_perf() {
+    role=$1 mode=$2 tool=$3 port=$4; shift 4
+    tag=siw-$mode-vrdma-$tool-$role
+    n=$(echo "$*" | sed -n 's/.*-n \([0-9]*\).*/\1/p')
+    cap_start $tag $port || return 1
+    t0=$(lab_up)
+    if [ $role = client ]; then
+        timeout $TO $R/$tool -R -d siw1 -p $port -F "$@" > "/run/lab/$tag.server.log" 2>&1 &
+        sp=$!
+        if ! listening "$port"; then
+            lab_log "$tag: stock $tool server never listened on $port"; kill $sp $tp 2>/dev/null; wait $sp $tp; return 1
+        fi
+        vstep vrdma-exec -- $tool -R -p $port -F "$@" $ADDR
+        vwait
+        wait $sp; prc=$?
+        stock=/run/lab/$tag.server.log
+    else
+        vstep vrdma-exec -- $tool -R -p $port -F "$@"
+        if ! listening "$port"; then
+            lab_log "$tag: $tool -R server (labU1) never listened on $VADDR:$port"; vwait; kill $tp; wait $tp; return 1
+        fi
+        # guest/connect-delay.c: the stock client's second connect waits 3 s, or it comes before
+        # labU1's server listens again and Debian's perftest crashes in its retry.
+        LD_PRELOAD=$R/connect-delay.so timeout $TO $R/$tool -R -d siw1 -p $port -F "$@" $VADDR > "/run/lab/$tag.client.log" 2>&1
+        prc=$?
+        vwait
+        stock=/run/lab/$tag.client.log
+    fi
+    t1=$(lab_up)
+    pk=$(cap_stop $tag)
+    pt_facts $stock
+    lab_log "$tag: stock $tool (siw1) rc=$prc rdma_cm=$PCM QPN $PLQ peer $PRQ iters $PITERS; vrdma-exec $tool (labU1) rc=$VRC rdma_cm=$VCM QPN $VLQ peer $VRQ iters $VITERS; $pk packets captured, $t0-$t1 s"
+    # The server of ib_read_lat (and ib_write_lat) prints no result row: the client measures.
+    sv=$PITERS cv=$VITERS; [ $role = server ] && sv=$VITERS cv=$PITERS
+    case $tool in ib_read_lat|ib_write_lat) [ "$sv" = - ] && sv=$n ;; esac
+    [ "$prc" = 0 ] && [ "$VRC" = 0 ] && [ "$PCM" = 1 ] && [ "$VCM" = 1 ] && [ "$PLQ" != - ] && [ "$VLQ" != - ] &&
+        [ "$PLQ" = "$VRQ" ] && [ "$VLQ" = "$PRQ" ] && [ "$sv" = "$n" ] && [ "$cv" = "$n" ] && [ "${pk:-0}" -gt 0 ]
+}
 # The domU boots while the stock tools run.
 VRDMA=0
-if want vrdma; then
+if want vrdma || want vrdma-perftest || want vrdma-perftest-server; then
     if vrdma_backend nocrc && vrdma_domU; then VRDMA=1; else fail=1; fi
 fi
 
@@ -244,9 +304,25 @@ for mode in ${SIW_MODES:-nocrc crc}; do
     if [ $VRDMA = 1 ]; then
         # The first backend (started with the domU) has nocrc's policy.
         [ $mode = nocrc ] && [ $BACKEND_STARTS = 1 ] || vrdma_backend $mode || fail=1
-        for v in "client 7180" "server 7181"; do
+        want vrdma && for v in "client 7180" "server 7181"; do
             set -- $v
             vrdma_$1 $mode $2 || { fail=1; sed 's/^/  /' /run/lab/siw-$mode-vrdma-$1.*.log | tail -n 20; }
+        done
+    fi
+    if [ $VRDMA = 1 ]; then
+        # Unmodified perftest in labU1 (vrdma-exec) against stock perftest on siw1, labU1 as
+        # client (vrdma-perftest, default) and as server (vrdma-perftest-server, opt-in: see
+        # docs/xen-lab.md); the stock ends' logs come back in out/.
+        roles=
+        want vrdma-perftest && roles=client
+        want vrdma-perftest-server && roles="$roles server"
+        for role in $roles; do
+            for t in "ib_write_bw 18525 -s 4096 -n 10" "ib_read_lat 18526 -s 64 -n 10" "ib_send_lat 18527 -s 64 -n 10"; do
+                set -- $t; tool=$1; port=$2; shift 2
+                [ $role = server ] && port=$((port + 10))
+                vrdma_perf $role $mode $tool $port "$@" ||
+                    { fail=1; sed 's/^/  /' /run/lab/siw-$mode-vrdma-$tool-$role.*.log | tail -n 30; }
+            done
         done
     fi
     phase_teardown || { fail=1; break; }

@@ -1,7 +1,9 @@
 # siw scenario, domU side: sh /lab/domU.sh NAME DOMID. dom0 conducts: for each step it writes
-# /lab/step/N (a vrdma-rping command line) and /lab/cur = N; this domU runs it, prints its
-# output on the console and answers data/done = "N RC PINGS" (PINGS: the "ping data:" lines it
-# printed). /lab/cur = end stops it. The vrdma device is attached by dom0 (vrdmactl); the
+# /lab/step/N (a command line: vrdma-rping, or a perftest tool through vrdma-exec) and
+# /lab/cur = N; this domU runs it, prints its output on the console and answers data/done =
+# "N RC PINGS ITERS CM LQPN RQPN" (PINGS: the "ping data:" lines it printed; the rest
+# perftest's: its first result row's iterations, 1 if it used rdma_cm, its QP number and its
+# peer's). /lab/cur = end stops it. The vrdma device is attached by dom0 (vrdmactl); the
 # backend in dom0 does the TCP to siw1, this domU has no network.
 NAME=$1; DOMID=$2
 wait_key() { # KEY: waits (0.2 s polls, 30 min guard) until /lab/KEY exists; prints it
@@ -28,10 +30,17 @@ while :; do
     echo "$NAME: step $s: $cmd"
     timeout 300 sh -c "$cmd" > /tmp/step.out 2>&1
     r=$?
-    sed "s/^/$NAME:   /" /tmp/step.out
     n=$(grep -c 'ping data:' /tmp/step.out)
-    echo "$NAME: step $s: rc=$r, $n pings"
+    # perftest (through vrdma-exec): the #iterations of its first result row, whether it used
+    # rdma_cm, its own and its peer's QP number ("-" when absent).
+    it=$(awk '/^ *#bytes/ {h=1; next} h && $1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ {print $2; exit}' /tmp/step.out)
+    cm=0; grep -q 'Data ex. method : rdma_cm' /tmp/step.out && cm=1
+    lq=$(sed -n 's/^ *local address:.*QPN \(0x[0-9a-fA-F]*\).*/\1/p' /tmp/step.out | head -n1)
+    rq=$(sed -n 's/^ *remote address:.*QPN \(0x[0-9a-fA-F]*\).*/\1/p' /tmp/step.out | head -n1)
     [ "$r" = 0 ] || rc=1
-    xenstore-write data/done "$s $r $n"
+    # The answer first: every console line costs under TCG, dom0 need not wait for them.
+    xenstore-write data/done "$s $r $n ${it:--} $cm ${lq:--} ${rq:--}"
+    sed "s/^/$NAME:   /" /tmp/step.out
+    echo "$NAME: step $s: rc=$r, $n pings, perftest iters ${it:--} rdma_cm $cm QPN ${lq:--} peer ${rq:--}"
 done
 exit $rc
