@@ -11,7 +11,9 @@ BIN=$ROOT/target/xen-lab/bin
 rm -rf "$BIN" && mkdir -p "$BIN"
 cargo build --release -q -p xenstore-proto --example xs-probe -p xen-platform --example platform-probe \
     -p vrdma-backend --bin vrdma-backend --bin vrdmactl -p vrdma-tests --bin vrdma-guest \
-    -p vrdma-perf --bin vrdma-perf -p vrdma-verbs
+    -p vrdma-perf --bin vrdma-perf
+# Its own command: with --bin filters above, a package's cdylib and other bins are not built.
+cargo build --release -q -p vrdma-verbs
 for b in vrdma-backend vrdmactl vrdma-guest vrdma-perf vrdma-exec libvrdma_verbs.so; do strip -o "$BIN/$b" "target/release/$b"; done
 # Stripped: the domUs unpack these into RAM (a 160 MB guest runs out with debug info).
 strip -o "$BIN/xs-probe" target/release/examples/xs-probe
