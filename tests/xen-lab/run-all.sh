@@ -11,10 +11,12 @@ BIN=$ROOT/target/xen-lab/bin
 rm -rf "$BIN" && mkdir -p "$BIN"
 cargo build --release -q -p xenstore-proto --example xs-probe -p xen-platform --example platform-probe \
     -p vrdma-backend --bin vrdma-backend --bin vrdmactl -p vrdma-tests --bin vrdma-guest \
-    -p vrdma-perf --bin vrdma-perf
+    --bin vrdma-rping -p vrdma-perf --bin vrdma-perf
 # Its own command: with --bin filters above, a package's cdylib and other bins are not built.
 cargo build --release -q -p vrdma-verbs
-for b in vrdma-backend vrdmactl vrdma-guest vrdma-perf vrdma-exec libvrdma_verbs.so; do strip -o "$BIN/$b" "target/release/$b"; done
+for b in vrdma-backend vrdmactl vrdma-guest vrdma-rping vrdma-perf vrdma-exec libvrdma_verbs.so; do
+    strip -o "$BIN/$b" "target/release/$b"
+done
 # Stripped: the domUs unpack these into RAM (a 160 MB guest runs out with debug info).
 strip -o "$BIN/xs-probe" target/release/examples/xs-probe
 strip -o "$BIN/platform-probe" target/release/examples/platform-probe
@@ -34,6 +36,7 @@ for l in sys.stdin:
 test_exe xen-platform real_xen "$BIN/xen-platform-real-xen-tests"
 # The verbs device's tests (NOT RUN without an RDMA device): run on rxe0 in the rxe scenario.
 test_exe vrdma-backend verbs_device "$BIN/verbs_device"
+test_exe vrdma-backend verbs_cm "$BIN/verbs_cm"
 
 fail=0
 run() {
@@ -51,8 +54,10 @@ run smoke
 run platform "$BIN/xs-probe" "$BIN/platform-probe" "$BIN/xen-platform-real-xen-tests"
 run split "$BIN/vrdma-backend" "$BIN/vrdmactl" "$BIN/vrdma-guest" "$BIN/vrdma-perf"
 # The verbs device (issue 13) on Soft-RoCE (rdma_rxe, rxe0 on dummy0) in dom0: its tests on
-# rxe0, then two domUs through `vrdma-backend --device verbs:rxe0` (scenarios/rxe/README).
-run rxe "$BIN/vrdma-backend" "$BIN/vrdmactl" "$BIN/vrdma-guest" "$BIN/verbs_device"
+# rxe0, a guest against stock rping and perftest on rxe0 (vrdma-rping, and Debian's tools through
+# vrdma-exec), then two domUs through `vrdma-backend --device verbs:rxe0` (scenarios/rxe/README).
+run rxe "$BIN/vrdma-backend" "$BIN/vrdmactl" "$BIN/vrdma-guest" "$BIN/vrdma-rping" \
+    "$BIN/vrdma-exec" "$BIN/libvrdma_verbs.so" "$BIN/verbs_device" "$BIN/verbs_cm"
 # Debian's unmodified verbs tools (ibv_devinfo, rping, perftest -R) between two domUs through
 # vrdma-exec (libvrdma_verbs.so preloaded; vrdma-exec finds it beside itself in /lab/bin).
 run apps "$BIN/vrdma-backend" "$BIN/vrdmactl" "$BIN/vrdma-exec" "$BIN/libvrdma_verbs.so"

@@ -1,10 +1,13 @@
 # rxe scenario, dom0 side (sourced by init-dom0.sh; lab-lib.sh loaded): the verbs device on
-# Soft-RoCE. Needs on PATH: vrdma-backend, vrdmactl, verbs_device (backend's test binary) and,
-# in the domUs, vrdma-guest. rdma-core's tools are the image's, in /usr/lib/lab-rdma.
+# Soft-RoCE. Needs on PATH: vrdma-backend, vrdmactl, verbs_device and verbs_cm (backend's test
+# binaries) and, in the domUs, vrdma-guest and vrdma-rping. rdma-core's tools are the image's,
+# in /usr/lib/lab-rdma.
 fail=0
 R=/usr/lib/lab-rdma    # iproute2's ip by full path: busybox's ip applet wins otherwise
+ADDR=10.77.0.1         # rxe0's address (dummy0): the backend's rdma_cm address too
+TO=150                 # bound of one stock-tool step (dom0 and guest ends)
 while read -r m; do insmod "/lib/modules/$m" 2>/dev/null; done < /etc/lab-rdma-modules
-$R/ip link set lo up && $R/ip addr add 10.77.0.1/24 dev dummy0 && $R/ip link set dummy0 up
+$R/ip link set lo up && $R/ip addr add $ADDR/24 dev dummy0 && $R/ip link set dummy0 up
 $R/rdma link add rxe0 type rxe netdev dummy0 || { lab_log "rdma link add rxe0 FAILED"; exit 1; }
 lab_log "rxe0: $($R/rdma link show | tr '\n' ' ')"
 
@@ -16,11 +19,18 @@ stats() { xenstore-read "/local/domain/0/vrdma-stats/$2/0/$1" 2>/dev/null; }
 
 # The backend's tests on the real device (they print NOT RUN and pass when they find none:
 # here that is a failure). They run while the domUs boot.
+# verbs_cm: two channels' QPs connected through rdma_cm on rxe0 (SEND/WRITE/READ verified),
+# refused and rejected connects, a disallowed peer refused both ways.
 ( VRDMA_TEST_IBDEV=rxe0 timeout 300 verbs_device --test-threads=1 > /run/lab/vd.log 2>&1
-  echo $? > /run/lab/vd.rc ) &
+  echo $? > /run/lab/vd.rc
+  VRDMA_TEST_IBDEV=rxe0 timeout 300 verbs_cm --test-threads=1 > /run/lab/vcm.log 2>&1
+  echo $? > /run/lab/vcm.rc ) &
 VD=$!
 
-RUST_LOG=info vrdma-backend --device verbs:rxe0 > /run/lab/backend.log 2>&1 &
+# labU1 is domain 1 (the first domU): it may reach $ADDR only, and listen on 7175 and
+# perftest's 18515 only ([cm] policy; the guest-to-guest rounds pair QPs by number, no CM).
+printf '[cm.domain.1]\nallowed-peers = ["%s/32"]\nallowed-ports = [7175, 18515]\n' $ADDR > /run/lab/backend.toml
+RUST_LOG=info vrdma-backend --device verbs:rxe0 --config /run/lab/backend.toml > /run/lab/backend.log 2>&1 &
 BACKEND=$!
 lab_start_domU labU1 320 || exit 1
 lab_start_domU labU2 320 || exit 1
@@ -32,14 +42,19 @@ xenstore-write /lab/ready 1
 lab_share_readable /lab "$D1" "$D2"
 lab_share_readable /lab/ready "$D1" "$D2"
 
+[ "$D1" = 1 ] || { lab_log "labU1 is domain $D1, not 1: the [cm.domain.1] policy misses it"; fail=1; }
+
 wait $VD
-sed 's/^/  verbs_device: /' /run/lab/vd.log
-if [ "$(cat /run/lab/vd.rc)" != 0 ] || grep -q 'NOT RUN' /run/lab/vd.log ||
-    ! grep -q 'test result: ok' /run/lab/vd.log; then
-    lab_log "verbs_device tests on rxe0 FAILED (rc $(cat /run/lab/vd.rc))"; fail=1
-else
-    lab_log "verbs_device tests on rxe0 passed: $(grep 'test result' /run/lab/vd.log)"
-fi
+for t in vd:verbs_device vcm:verbs_cm; do
+    f=${t%%:*}; n=${t#*:}
+    sed "s/^/  $n: /" /run/lab/$f.log
+    if [ "$(cat /run/lab/$f.rc)" != 0 ] || grep -q 'NOT RUN' /run/lab/$f.log ||
+        ! grep -q 'test result: ok' /run/lab/$f.log; then
+        lab_log "$n tests on rxe0 FAILED (rc $(cat /run/lab/$f.rc))"; fail=1
+    else
+        lab_log "$n tests on rxe0 passed: $(grep 'test result' /run/lab/$f.log)"
+    fi
+done
 lab_log "rdma resources with the backend idle: $(res_line)"
 
 # Relay a key from one domU's data/ to the other as /lab/relay/<key>/<from> (domUs cannot read
@@ -60,8 +75,10 @@ relay() {
     lab_log "relayed $from's $key to $to: $v"
 }
 # Zero-copy: both domains moved payload (bytes > 0) and the backend copied none of it.
-zero_copy() {
-    for d in $D1 $D2; do
+zero_copy() { zero_copy_dom "$1" $D1 $D2; }
+zero_copy_dom() {
+    what=$1; shift
+    for d in "$@"; do
         i=0
         # Counters are republished every 2 s: wait for the traffic to show.
         while [ "$(stats bytes $d)" = 0 ] || [ -z "$(stats bytes $d)" ]; do
@@ -70,12 +87,183 @@ zero_copy() {
         done
         b=$(stats bytes $d); c=$(stats copied-bytes $d)
         if [ -n "$b" ] && [ "$b" != 0 ] && [ "$c" = 0 ]; then
-            lab_log "zero-copy $1, domain $d: bytes $b, copied-bytes $c"
+            lab_log "zero-copy $what, domain $d: bytes $b, copied-bytes $c"
         else
-            lab_log "zero-copy $1, domain $d FAILED: bytes '$b', copied-bytes '$c'"; fail=1
+            lab_log "zero-copy $what, domain $d FAILED: bytes '$b', copied-bytes '$c'"; fail=1
         fi
     done
 }
+
+# 0. labU1 against stock rdma-core tools on rxe0 in dom0 (unmodified, /usr/lib/lab-rdma):
+# dom0 writes a command line to /lab/steps/labU1/N and N to /lab/steps/labU1/cur; labU1 runs
+# it and answers data/done = "N RC PINGS". labU2 is told "end" at once and goes to round 1.
+put() { xenstore-write "$1" "$2" && lab_share_readable "$1" "$D1" "$D2"; }
+STEP=0
+vstep() { STEP=$((STEP+1)); put "/lab/steps/labU1/$STEP" "$*"; put /lab/steps/labU1/cur "$STEP"; }
+vwait() {
+    i=0
+    while :; do
+        d=$(xenstore-read "/local/domain/$D1/data/done" 2>/dev/null)
+        case $d in "$STEP "*) break ;; esac
+        i=$((i+1)); [ $i -gt $((TO * 5 + 300)) ] && { lab_log "labU1 never finished step $STEP"; VRC=timeout; VPINGS=0; return 1; }
+        sleep 0.2
+    done
+    set -- $d; VRC=$2; VPINGS=$3
+}
+# listening PORT: waits (up to 30 s) for an rdma_cm listener on PORT.
+listening() {
+    i=0
+    until $R/rdma res show cm_id 2>/dev/null | grep LISTEN | grep -q ":$1 "; do
+        i=$((i+1)); [ $i -gt 150 ] && { $R/rdma res show cm_id | sed 's/^/  cm_id: /'; return 1; }
+        sleep 0.2
+    done
+}
+put /lab/steps/labU2/cur end
+# The [cm] policy from the guest: a peer outside allowed-peers and a port outside
+# allowed-ports are refused (NotPermitted); the step succeeds iff the tool failed saying so.
+vstep "vrdma-rping -c -a 10.77.0.9 -p 7174 -C 1 -t 20 2>&1 | tee /tmp/p.out; grep -q 'allowed-peers' /tmp/p.out && ! grep -q 'ping data' /tmp/p.out"
+vwait
+lab_log "policy-peer: vrdma-rping -c to 10.77.0.9 (not an allowed peer of labU1): step rc=$VRC (0 = refused by policy)"
+[ "$VRC" = 0 ] || fail=1
+vstep "vrdma-rping -s -a $ADDR -p 7176 -C 1 -t 20 2>&1 | tee /tmp/p.out; grep -q 'allowed-ports' /tmp/p.out && ! grep -q 'listening on' /tmp/p.out"
+vwait
+lab_log "policy-port: vrdma-rping -s on port 7176 (not an allowed port of labU1): step rc=$VRC (0 = refused by policy)"
+[ "$VRC" = 0 ] || fail=1
+# perftest over rdma_cm (-R), unmodified, SEND, WRITE and READ: the servers in dom0 with the
+# guest (Debian's tool through `vrdma-exec`, libvrdma_verbs.so preloaded) as client, then the
+# guest as server and dom0's tool as client. The same send_lat and write_bw also run natively,
+# both ends in dom0 on rxe0: the guest's figure over the native one is the overhead (TCG: only
+# the ratio means anything). perftest -R connects twice (its own exchange, then the test QPs);
+# a client whose second connect comes before the server listens again fails (docs/verbs.md):
+# such a pair is run once more.
+# Iterations: few. Under TCG a round trip through the relay costs a scheduling hand-off between
+# the domU's and dom0's vCPUs (about 0.6 s a round trip at host load 20: 500 iterations of
+# ib_send_lat did not end in 150 s); the ratio is of the same counts.
+PN=20                   # iterations (latency tools)
+PB=20                   # iterations of ib_write_bw (64 KiB each)
+iters() { case $1 in *_bw) echo $PB ;; *) echo $PN ;; esac; }
+# finite ROW1 ROW2: ROW1 unless it has no number (perftest prints inf when its cycles-to-usec
+# sampling fails, as it does now and then under TCG on either end), else ROW2.
+finite() { case "$1" in *inf*|*nan*|"") echo "$2" ;; *) echo "$1" ;; esac; }
+# srow_or TOOL ROW: ib_read_lat's passive end prints no result row (only the reader measures).
+srow_or() { [ "$1" = ib_read_lat ] && echo "(none: the passive end)" || echo "$2"; }
+# row FILE: perftest's result row (the line after "#bytes"), blanks squeezed.
+row() { sed -n '/^ *#bytes/{n;p;q}' "$1" | tr -s ' \t' ' ' | sed 's/^ //'; }
+# figure TOOL ROW: t_typical (latency tools, usec) or BW average (bandwidth tools, MB/s).
+figure() { case $1 in *_bw) echo "$2" | awk '{print $4}' ;; *) echo "$2" | awk '{print $5}' ;; esac; }
+pt_native() { # TOOL: both ends in dom0 on rxe0; sets NROW
+    tool=$1; n=$(iters $tool); NROW=
+    for try in 1 2; do
+        timeout 120 $R/$tool -R -F -d rxe0 -n $n -p 18516 > /run/lab/pt-ns.log 2>&1 &
+        sp=$!
+        listening 18516
+        timeout 120 $R/$tool -R -F -d rxe0 -n $n -p 18516 $ADDR > /run/lab/pt-nc.log 2>&1; c=$?
+        wait $sp; sr=$?
+        NROW=$(finite "$(row /run/lab/pt-ns.log)" "$(row /run/lab/pt-nc.log)")
+        [ $c = 0 ] && [ $sr = 0 ] && [ -n "$NROW" ] && [ -n "$(row /run/lab/pt-nc.log)" ] && break
+        lab_log "native $tool try $try: client rc=$c, server rc=$sr; again"
+        tail -n 3 /run/lab/pt-nc.log /run/lab/pt-ns.log | sed 's/^/  /'
+        NROW=
+    done
+    lab_log "native $tool (dom0 <-> dom0 on rxe0): server row '${NROW:-FAILED}', client row '$(row /run/lab/pt-nc.log)'"
+    [ -n "$NROW" ] || fail=1
+}
+pt_guest_client() { # TOOL: the server in dom0, labU1 the client; sets GROW (dom0's row)
+    tool=$1; n=$(iters $tool); GROW=
+    for try in 1 2; do
+        t0=$(lab_up)
+        timeout $TO $R/$tool -R -F -d rxe0 -n $n -p 18515 > /run/lab/pt-s.log 2>&1 &
+        sp=$!
+        listening 18515
+        vstep vrdma-exec -- $tool -R -F -n $n -p 18515 $ADDR
+        vwait
+        # A client that ended without its report (perftest under TCG: "Correlation coefficient
+        # r^2 < 0.9, Can't produce a report") leaves the server waiting: 30 s, then it goes.
+        i=0
+        while kill -0 $sp 2>/dev/null && [ $i -lt 150 ]; do i=$((i+1)); sleep 0.2; done
+        kill $sp 2>/dev/null
+        wait $sp; sr=$?
+        GROW=$(xenstore-read "/local/domain/$D1/data/row" | sed -n "s/^$STEP //p")
+        [ "$GROW" = none ] && GROW=
+        srow=$(srow_or $tool "$(row /run/lab/pt-s.log)")
+        lab_log "stock-$tool-server: $tool -R (rxe0) rc=$sr row '$srow'; vrdma-exec -- $tool -R -c (labU1) rc=$VRC row '$GROW' ($(awk "BEGIN { print $(lab_up) - $t0 }") s)"
+        # The figure: dom0's end's row, else the guest's (both measure the same ping-pong;
+        # perftest's cycles-to-usec sampling fails now and then under TCG, printing "inf").
+        [ $sr = 0 ] && [ "$VRC" = 0 ] && [ -n "$GROW" ] && [ -n "$srow" ] && { GROW=$(finite "$srow" "$GROW"); return 0; }
+        tail -n 4 /run/lab/pt-s.log | sed 's/^/  server: /'
+        GROW=
+    done
+    fail=1
+}
+pt_guest_server() { # TOOL: labU1 the server (a listener of the backend), the client in dom0
+    tool=$1; n=$(iters $tool)
+    for try in 1 2; do
+        t0=$(lab_up)
+        vstep timeout 100 vrdma-exec -- $tool -R -F -n $n -p 18515
+        listening 18515
+        timeout 100 $R/$tool -R -F -d rxe0 -n $n -p 18515 $ADDR > /run/lab/pt-c.log 2>&1; c=$?
+        vwait
+        grow=$(xenstore-read "/local/domain/$D1/data/row" | sed -n "s/^$STEP //p")
+        [ "$grow" = none ] && grow=
+        grow=$(srow_or $tool "$grow")
+        crow=$(row /run/lab/pt-c.log)
+        lab_log "stock-$tool-client: $tool -R (rxe0) rc=$c row '$crow'; vrdma-exec -- $tool -R -s (labU1) rc=$VRC row '$grow' ($(awk "BEGIN { print $(lab_up) - $t0 }") s)"
+        [ $c = 0 ] && [ "$VRC" = 0 ] && [ -n "$grow" ] && [ -n "$crow" ] && return 0
+        tail -n 4 /run/lab/pt-c.log | sed 's/^/  client: /'
+    done
+    fail=1
+}
+# ratio NAME TOOL GUEST_ROW NATIVE_ROW
+ratio() {
+    g=$(figure $2 "$3"); nv=$(figure $2 "$4")
+    # Both ends printed inf (perftest's clock sampling): no ratio (awk would read inf as 0).
+    case "$g $nv" in *inf*|*nan*|" "*|*" ") lab_log "RATIO $1: no figure (guest '$g', native '$nv')"; return ;; esac
+    case $2 in
+        *_bw) target=">= 0.9"; ok=$(awk "BEGIN { print ($g / $nv >= 0.9) ? \"met\" : \"missed\" }") ;;
+        *) target="<= 1.2"; ok=$(awk "BEGIN { print ($g / $nv <= 1.2) ? \"met\" : \"missed\" }") ;;
+    esac
+    lab_log "RATIO $1: guest $g / native $nv = $(awk "BEGIN { printf \"%.2f\", $g / $nv }") (target $target: $ok)"
+}
+tools=$(xenstore-read "/local/domain/$D1/data/tools" 2>/dev/null)
+lab_log "labU1's stock tools: $tools"
+case " $tools " in
+    *" ib_send_lat "*" vrdma-exec "*)
+        # Debian's rping in the guest (through vrdma-exec), both ways, 5 pings of 64 B: the
+        # client compares what came back (-V), so the data is checked in both directions.
+        t0=$(lab_up)
+        timeout $TO $R/rping -s -v -V -a $ADDR -p 7174 -C 5 -S 64 > /run/lab/rping-s2.log 2>&1 &
+        sp=$!
+        listening 7174
+        vstep vrdma-exec -- rping -c -v -V -a $ADDR -p 7174 -C 5 -S 64
+        vwait
+        wait $sp; src=$?
+        seen=$(grep -c 'server ping data' /run/lab/rping-s2.log)
+        lab_log "stock-rping-server/exec: rping -s (rxe0) rc=$src saw $seen pings; vrdma-exec -- rping -c -V (labU1) rc=$VRC printed $VPINGS pings ($(awk "BEGIN { print $(lab_up) - $t0 }") s)"
+        [ "$src" = 0 ] && [ "$seen" = 5 ] && [ "$VRC" = 0 ] && [ "$VPINGS" = 5 ] || fail=1
+        t0=$(lab_up)
+        vstep vrdma-exec -- rping -s -v -V -a $ADDR -p 7175 -C 5 -S 64
+        listening 7175
+        timeout $TO $R/rping -c -v -V -a $ADDR -p 7175 -C 5 -S 64 > /run/lab/rping-c2.log 2>&1
+        crc=$?
+        vwait
+        seen=$(grep -c '^ping data' /run/lab/rping-c2.log)
+        lab_log "stock-rping-client/exec: rping -c -V (rxe0) rc=$crc verified $seen pings; vrdma-exec -- rping -s (labU1) rc=$VRC printed $VPINGS pings ($(awk "BEGIN { print $(lab_up) - $t0 }") s)"
+        [ "$crc" = 0 ] && [ "$seen" = 5 ] && [ "$VRC" = 0 ] && [ "$VPINGS" = 5 ] || fail=1
+        for tool in ib_send_lat ib_write_bw ib_read_lat; do
+            pt_guest_client $tool
+            eval "G_$tool=\"\$GROW\""
+        done
+        for tool in ib_send_lat ib_write_bw ib_read_lat; do pt_guest_server $tool; done
+        for tool in ib_send_lat ib_write_bw; do
+            pt_native $tool
+            eval "g=\"\$G_$tool\""
+            [ -n "$g" ] && [ -n "$NROW" ] && ratio "$tool (labU1 client <-> dom0 server ÷ dom0 client <-> dom0 server)" $tool "$g" "$NROW"
+        done
+        ;;
+    *) lab_log "labU1's image has no stock verbs tools (rping, perftest) or no vrdma-exec: the guest-side stock-tool steps did NOT run"; fail=1 ;;
+esac
+put /lab/steps/labU1/cur end
+zero_copy_dom "after the stock-tool steps" "$D1"
 
 # 1. Guest to guest through rxe0, bypass then mediated: READ, WRITE, SEND, data verified.
 for mode in bypass mediated; do
@@ -165,7 +353,7 @@ for n in labU1 labU2; do
     fi
 done
 echo "---- the killed backend's log ----"; tail -n 20 /run/lab/backend.log
-RUST_LOG=info vrdma-backend --device verbs:rxe0 > /run/lab/backend2.log 2>&1 &
+RUST_LOG=info vrdma-backend --device verbs:rxe0 --config /run/lab/backend.toml > /run/lab/backend2.log 2>&1 &
 BACKEND=$!
 xenstore-write /lab/restarted 1
 lab_share_readable /lab/restarted "$D1" "$D2"
@@ -186,14 +374,24 @@ cp /run/lab/backend.log /run/lab/backend2.log /mnt/lab/out/ 2>/dev/null
 if [ $fail != 0 ]; then
     echo "---- dmesg ----"; dmesg | tail -n 40
 fi
+top -b -n 1 | head -n 14 | sed 's/^/  top: /'
+t0=$(lab_up)
+vrdmactl --help > /dev/null 2>&1
+lab_log "vrdmactl --help took $(awk "BEGIN { print $(lab_up) - $t0 }") s (clock $(date -u +%H:%M:%S))"
 for d in $D1 $D2; do
-    vrdmactl detach "$d" --timeout 60 || { lab_log "vrdmactl detach $d FAILED"; fail=1; }
+    t0=$(lab_up)
+    RUST_LOG=debug vrdmactl detach "$d" --timeout 60 > /run/lab/detach.log 2>&1 || { lab_log "vrdmactl detach $d FAILED"; fail=1; }
+    lab_log "vrdmactl detach $d took $(awk "BEGIN { print $(lab_up) - $t0 }") s (clock $(date -u +%H:%M:%S))"
+    sed 's/^/  detach: /' /run/lab/detach.log | tail -n 20
 done
+grep -E 'detach|closed|reclaim|Closed|Closing' /run/lab/backend2.log | tail -n 12 | sed 's/^/  backend: /'
 for name in labU1 labU2; do lab_ack $name; done
 lab_wait_gone labU1
 lab_wait_gone labU2
+t0=$(lab_up)
 kill "$BACKEND"
 wait "$BACKEND" || { lab_log "vrdma-backend exited with an error"; fail=1; }
+lab_log "vrdma-backend stopped (SIGTERM) in $(awk "BEGIN { print $(lab_up) - $t0 }") s"
 lab_log "after the backend's stop: $(res_line)"
 grep -q -i "panic" /run/lab/backend.log /run/lab/backend2.log && { lab_log "backend panicked"; fail=1; }
 exit $fail

@@ -218,7 +218,43 @@ restart() {
     stop_guest
     echo "$NAME: backend restart PASS (device lost, reopened, data verified)"
 }
+# Step 0: the command lines dom0 writes to /lab/steps/NAME/N (/lab/steps/NAME/cur = N): the
+# guest's end of a stock-tool pair; answers data/done = "N RC PINGS". cur = end: go on.
+steps() {
+    last=0
+    src=0
+    while :; do
+        i=0
+        while :; do
+            s=$(xenstore-read /lab/steps/$NAME/cur 2>/dev/null) && [ "$s" != "$last" ] && break
+            i=$((i+1)); [ $i -gt 3000 ] && { echo "$NAME: dom0 sent no step for 10 min"; return 1; }
+            sleep 0.2
+        done
+        [ "$s" = end ] && return $src
+        last=$s
+        c=$(xenstore-read "/lab/steps/$NAME/$s")
+        echo "$NAME: step $s: $c"
+        timeout 300 sh -c "$c" > /tmp/step.out 2>&1
+        r=$?
+        sed "s/^/$NAME:   /" /tmp/step.out
+        n=$(grep -c 'ping data:' /tmp/step.out)
+        echo "$NAME: step $s: rc=$r, $n pings"
+        [ "$r" = 0 ] || src=1
+        # perftest's result row (the line after its "#bytes" header), for dom0's figures.
+        row=$(sed -n '/^ *#bytes/{n;p;q}' /tmp/step.out | tr -s ' \t' ' ')
+        xenstore-write data/row "$s ${row:-none}"
+        xenstore-write data/done "$s $r $n"
+    done
+}
+# Which stock tools this image has (the domU image carries rping and perftest, run through
+# vrdma-exec with libvrdma_verbs.so preloaded).
+t=""
+for b in rping ib_send_lat ib_write_bw ib_read_lat vrdma-exec libvrdma_verbs.so; do
+    command -v $b >/dev/null 2>&1 || [ -f /lab/bin/$b ] && t="$t $b"
+done
+xenstore-write data/tools "${t# }"
 rc=0
+steps || rc=1
 round bypass || rc=1
 round mediated || rc=1
 victim || rc=1
