@@ -253,7 +253,15 @@ case " $tools " in
             pt_guest_client $tool
             eval "G_$tool=\"\$GROW\""
         done
-        for tool in ib_send_lat ib_write_bw ib_read_lat; do pt_guest_server $tool; done
+        # The guest as perftest server: off by default. Debian's perftest 4.5-0.17 crashes in
+        # dom0 (SIGSEGV in librdmacm) when its second connect comes before the guest listens
+        # again (fixed upstream, perftest 3d9d8d0; docs/verbs.md): a clean-clone CI run lost
+        # ib_send_lat and ib_read_lat to it. GUEST_SERVER=1 here turns the steps on.
+        if [ "${GUEST_SERVER:-0}" = 1 ]; then
+            for tool in ib_send_lat ib_write_bw ib_read_lat; do pt_guest_server $tool; done
+        else
+            lab_log "guest-as-perftest-server steps: off (GUEST_SERVER=1 in scenarios/rxe/dom0.sh)"
+        fi
         for tool in ib_send_lat ib_write_bw; do
             pt_native $tool
             eval "g=\"\$G_$tool\""
