@@ -110,10 +110,7 @@ impl Sockets {
             let what = qp::Readiness::of(ev);
             match self.map.get(&ev.token()) {
                 Some(r) => r.mark(what),
-                None if ev.token() != mio::Token(0)
-                    && !super::waker::is_kick_token(ev.token())
-                    && self.orphans.len() < MAX_ORPHANS =>
-                {
+                None if ev.token() != mio::Token(0) && self.orphans.len() < MAX_ORPHANS => {
                     self.orphans.push((ev.token(), what));
                 }
                 None => {}
@@ -121,16 +118,13 @@ impl Sockets {
         }
     }
 
-    /// Looks for readiness without blocking (an engine that is spinning); `true` if it
-    /// polled (then `events` holds what it found, for the engine's other sources too).
-    pub(crate) fn poll_now(&mut self, poll: &mut mio::Poll, events: &mut mio::Events) -> bool {
+    /// Looks for readiness without blocking (an engine that is spinning).
+    pub(crate) fn poll_now(&mut self, poll: &mut mio::Poll, events: &mut mio::Events) {
         if std::mem::take(&mut self.fresh) {
-            return false;
+            return;
         }
         if poll.poll(events, Some(std::time::Duration::ZERO)).is_ok() {
             self.mark(events);
-            return true;
         }
-        false
     }
 }
