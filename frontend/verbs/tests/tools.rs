@@ -23,7 +23,7 @@ use std::time::Duration;
 use vrdma_demo::lab::Lab;
 
 mod common;
-use common::{exec_in, free_port, have, listening, perftest_qpns, rping_string};
+use common::{exec_in, free_port, have, listening, perftest_qpns, rping_client_then_check};
 
 #[test]
 fn ibv_devinfo_lists_the_vrdma_device_with_an_active_port() {
@@ -354,43 +354,7 @@ fn rping_runs_between_two_guests() {
         "-p",
         &port,
     ];
-    let mut attempt = 0;
-    let (cout, cerr) = loop {
-        attempt += 1;
-        let (cok, cout, cerr) = exec_in(&lab, b, &client_args).finish(Duration::from_secs(120));
-        if cok {
-            break (cout, cerr);
-        }
-        if attempt >= 20 || !(cerr.contains("REJECTED") || cerr.contains("UNREACHABLE")) {
-            let (_, sout, serr) = server.finish(Duration::from_secs(5));
-            panic!(
-                "rping client failed (attempt {attempt})\n--- client:\n{cout}\n{cerr}\n\
-                 --- server:\n{sout}\n{serr}"
-            );
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    };
-    let (sok, sout, serr) = server.finish(Duration::from_secs(60));
-    assert!(
-        sok,
-        "rping server failed\n--- server:\n{sout}\n{serr}\n--- client:\n{cout}\n{cerr}"
-    );
-    let client_lines: Vec<&str> = cout
-        .lines()
-        .filter(|l| l.starts_with("ping data: "))
-        .collect();
-    let server_lines: Vec<&str> = sout
-        .lines()
-        .filter(|l| l.starts_with("server ping data: "))
-        .collect();
-    let want_client: Vec<String> = (0..count)
-        .map(|i| format!("ping data: {}", rping_string(i)))
-        .collect();
-    let want_server: Vec<String> = (0..count)
-        .map(|i| format!("server ping data: {}", rping_string(i)))
-        .collect();
-    assert_eq!(client_lines, want_client, "client output:\n{cout}\n{cerr}");
-    assert_eq!(server_lines, want_server, "server output:\n{sout}\n{serr}");
+    rping_client_then_check(&mut server, count, || exec_in(&lab, b, &client_args));
 }
 
 /// Debian's perftest with `-R` (connection through librdmacm: rdma_getaddrinfo, listen,

@@ -145,3 +145,51 @@ pub fn rping_string(i: usize) -> String {
     }
     s
 }
+
+/// Runs an rping client (`client` starts one attempt) until it connects — a connect before
+/// the server listens is rejected or unreachable: at most 20 attempts, 0.5 s apart — then
+/// waits for the server and checks that each end printed exactly rping's first `count`
+/// strings (the client compared each one it got back: `-V`).
+pub fn rping_client_then_check(
+    server: &mut Guest,
+    count: usize,
+    mut client: impl FnMut() -> Guest,
+) {
+    let mut attempt = 0;
+    let (cout, cerr) = loop {
+        attempt += 1;
+        let (cok, cout, cerr) = client().finish(Duration::from_secs(120));
+        if cok {
+            break (cout, cerr);
+        }
+        if attempt >= 20 || !(cerr.contains("REJECTED") || cerr.contains("UNREACHABLE")) {
+            let (_, sout, serr) = server.finish(Duration::from_secs(5));
+            panic!(
+                "rping client failed (attempt {attempt})\n--- client:\n{cout}\n{cerr}\n\
+                 --- server:\n{sout}\n{serr}"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let (sok, sout, serr) = server.finish(Duration::from_secs(60));
+    assert!(
+        sok,
+        "rping server failed\n--- server:\n{sout}\n{serr}\n--- client:\n{cout}\n{cerr}"
+    );
+    let client_lines: Vec<&str> = cout
+        .lines()
+        .filter(|l| l.starts_with("ping data: "))
+        .collect();
+    let server_lines: Vec<&str> = sout
+        .lines()
+        .filter(|l| l.starts_with("server ping data: "))
+        .collect();
+    let want_client: Vec<String> = (0..count)
+        .map(|i| format!("ping data: {}", rping_string(i)))
+        .collect();
+    let want_server: Vec<String> = (0..count)
+        .map(|i| format!("server ping data: {}", rping_string(i)))
+        .collect();
+    assert_eq!(client_lines, want_client, "client output:\n{cout}\n{cerr}");
+    assert_eq!(server_lines, want_server, "server output:\n{sout}\n{serr}");
+}
