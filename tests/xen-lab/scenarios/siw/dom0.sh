@@ -115,19 +115,28 @@ run_pair() {
     [ "$src" = 0 ] && [ "$crc" = 0 ] && [ "${pk:-0}" -gt 0 ]
 }
 # stock_pair: run_pair for a pair of stock tools, both on siw1 (no vrdma code in it: these runs
-# are the reference captures). Under QEMU's TCG, perftest on siw has been seen to crash
-# (ib_read_lat client SIGSEGV, server then killed by timeout; 1 in ~10 CI runs), so a failed
-# pair is logged in full (its logs kept as *.try1, dmesg) and run once more; a second failure
-# fails the scenario.
+# are the reference captures). Under QEMU's TCG, Debian's perftest on siw fails now and then on its
+# own (measured with a loop of 45 stock pairs, 15 of each perftest tool, in a lab whose domU boots
+# meanwhile, as in CI; always ib_read_lat):
+#  - its client's second rdma_connect comes before the server listens again, is refused, and
+#    perftest's retry crashes (SIGSEGV in librdmacm; 1 in 12 ib_read_lat runs): the perftest
+#    clients below run with guest/connect-delay.c preloaded, which removed it (0 in 15);
+#  - the client's first connection is flushed right after MPA (client "Bad wc status 5 ...
+#    Failed to exchange data", server waiting until killed, no FPDU on the wire; 1 in 15 runs,
+#    with or without the preload; cause not found).
+# So a failed pair is logged in full (its logs and capture kept as *.tryN, dmesg) and run again,
+# up to 3 tries; a third failure fails the scenario.
 stock_pair() {
-    run_pair "$@" && return 0
     st=siw-$1-$2
-    lab_log "$st: stock siw pair FAILED once (no vrdma code involved); logs and dmesg follow, then one retry"
-    sed 's/^/  try1: /' /run/lab/$st.server.log /run/lab/$st.client.log | tail -n 30
-    dmesg | tail -n 15 | sed 's/^/  try1 dmesg: /'
-    for f in pcap server.log client.log tcpdump; do
-        [ -f "/run/lab/$st.$f" ] && mv "/run/lab/$st.$f" "/run/lab/$st.$f.try1" && cp "/run/lab/$st.$f.try1" "$OUT/"
-        rm -f "$OUT/$st.$f"
+    for try in 1 2; do
+        run_pair "$@" && return 0
+        lab_log "$st: stock siw pair FAILED (try $try; no vrdma code involved); logs and dmesg follow, then a retry"
+        sed 's/^/  try'$try': /' /run/lab/$st.server.log /run/lab/$st.client.log | tail -n 30
+        dmesg | tail -n 15 | sed 's/^/  try'$try' dmesg: /'
+        for f in pcap server.log client.log tcpdump; do
+            [ -f "/run/lab/$st.$f" ] && mv "/run/lab/$st.$f" "/run/lab/$st.$f.try$try" && cp "/run/lab/$st.$f.try$try" "$OUT/"
+            rm -f "$OUT/$st.$f"
+        done
     done
     run_pair "$@"
 }
@@ -295,7 +304,7 @@ for mode in ${SIW_MODES:-nocrc crc}; do
     for t in "ib_write_bw 18515 -s 4096 -n 20" "ib_read_lat 18516 -s 64 -n 20" "ib_send_lat 18517 -s 64 -n 20"; do
         set -- $t; tool=$1; port=$2; shift 2
         if ! want $tool; then :
-        elif stock_pair $mode $tool $port $R/$tool -R -d siw1 -p $port -F "$@" -- $R/$tool -R -d siw1 -p $port -F "$@" $ADDR; then
+        elif stock_pair $mode $tool $port $R/$tool -R -d siw1 -p $port -F "$@" -- env LD_PRELOAD=$R/connect-delay.so $R/$tool -R -d siw1 -p $port -F "$@" $ADDR; then
             grep -E '^ *[0-9]+ +[0-9]+ ' "/run/lab/siw-$mode-$tool.client.log" | head -n 1 | sed "s/^/  $mode $tool: /"
         else
             fail=1; sed 's/^/  /' /run/lab/siw-$mode-$tool.*.log | tail -n 30
