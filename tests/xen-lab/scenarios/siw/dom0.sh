@@ -122,7 +122,7 @@ run_pair() {
 #    perftest's retry crashes (SIGSEGV in librdmacm; 1 in 12 ib_read_lat runs): the perftest
 #    clients below run with guest/connect-delay.c preloaded, which removed it (0 in 15);
 #  - the client's first connection is flushed right after MPA (client "Bad wc status 5 ...
-#    Failed to exchange data", server waiting until killed, no FPDU on the wire; 1 in 15 runs,
+#    Failed to exchange data", server waiting until killed, 10 packets captured; 1 in 15 runs,
 #    with or without the preload; cause not found).
 # So a failed pair is logged in full (its logs and capture kept as *.tryN, dmesg) and run again,
 # up to 3 tries; a third failure fails the scenario.
