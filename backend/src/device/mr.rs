@@ -138,6 +138,14 @@ impl<'a> Cursor<'a> {
     }
 }
 
+/// Copies all of `src` into `dst`, which is at least as long: what [`scatter`] does with one
+/// segment on each side.
+#[inline]
+pub(crate) fn copy_seg(dst: &Seg, src: &Seg) {
+    debug_assert!(dst.len >= src.len);
+    dst.copy_from(0, src, 0, src.len);
+}
+
 /// Copies all of `src` into `dst` (whose total length is at least `src.len()`; extra source
 /// bytes are dropped).
 pub(crate) fn scatter(src: &Source<'_>, dst: &[Option<Seg>]) {
@@ -145,7 +153,7 @@ pub(crate) fn scatter(src: &Source<'_>, dst: &[Option<Seg>]) {
     // without walking the lists.
     if let (Source::Segs([Some(s), rest @ ..]), [Some(d), ..]) = (src, dst) {
         if rest.iter().all(Option::is_none) && d.len >= s.len {
-            d.copy_from(0, s, 0, s.len);
+            copy_seg(d, s);
             return;
         }
     }
