@@ -194,18 +194,29 @@ fn run_sq_locked(ctx: &Ctx<'_>, qp: &Arc<Qp>, s: &mut SendSide, budget: &mut usi
         if *budget == 0 {
             break;
         }
-        let (wqe, result) = if let Some(mut a) = s.active.take() {
+        // `wqe` and `result` are assigned, not returned as a pair: the parsed WQE is built
+        // where it stays (the common path moves no WQE-sized value).
+        let wqe;
+        let result;
+        if s.active.is_some() {
+            let Some(mut a) = s.active.take() else {
+                unreachable!("checked just above")
+            };
             let r = match s.peer.as_ref().and_then(Weak::upgrade) {
                 Some(peer) => step(&peer, &mut a, budget),
                 None => done(CqeStatus::RetryExceeded, 0),
             };
-            let w = a.wqe;
+            wqe = a.wqe;
             if matches!(r, Exec::Partial) {
                 s.active = Some(a);
             }
-            (w, r)
+            result = r;
         } else {
-            let wqe = match s.pending.take() {
+            wqe = match if s.pending.is_some() {
+                s.pending.take()
+            } else {
+                None
+            } {
                 Some(w) => w,
                 None => match s.sq.pop_into(&mut raw) {
                     Ok(false) => break,
@@ -229,12 +240,11 @@ fn run_sq_locked(ctx: &Ctx<'_>, qp: &Arc<Qp>, s: &mut SendSide, budget: &mut usi
                     }
                 },
             };
-            let r = match write_fast(ctx, qp, s, &wqe, *budget) {
+            result = match write_fast(ctx, qp, s, &wqe, *budget) {
                 Some(r) => r,
                 None => execute(ctx, qp, s, &wqe, budget),
             };
-            (wqe, r)
-        };
+        }
         match result {
             Exec::Blocked => {
                 s.pending = Some(wqe);

@@ -442,7 +442,8 @@ pub(crate) struct KeyCache {
 
 impl KeyCache {
     /// The region of `key`: the cached one if it is still registered, else the table's
-    /// (then cached).
+    /// (then cached). The hit is inlined into the engine's per-WQE path; the miss is not.
+    #[inline(always)]
     fn get(&mut self, table: &KeyTable, key: u32) -> Option<Arc<Mr>> {
         // By the whole key: a region's lkey and rkey (numbers 2n, 2n + 1) take two ways.
         let way = &mut self.ways[key as usize % CACHE_WAYS];
@@ -456,6 +457,13 @@ impl KeyCache {
                 }
             }
         }
+        Self::miss(way, table, key)
+    }
+
+    /// [`Self::get`] when the way does not hold a live region of `key`: the table's, cached.
+    #[cold]
+    #[inline(never)]
+    fn miss(way: &mut Option<(u32, Weak<Mr>)>, table: &KeyTable, key: u32) -> Option<Arc<Mr>> {
         let m = table.get(key);
         *way = m.as_ref().map(|m| (key, Arc::downgrade(m)));
         m
@@ -476,6 +484,7 @@ impl<'a> EngineKeys<'a> {
         }
     }
 
+    #[inline(always)]
     fn get(&self, key: u32) -> Option<Arc<Mr>> {
         self.cache.borrow_mut().get(self.table, key)
     }
@@ -507,6 +516,7 @@ impl<'a> EngineKeys<'a> {
     }
 
     /// [`Self::remote`], saying which check failed (a Terminate message names it).
+    #[inline]
     pub(crate) fn remote_checked(
         &self,
         ch: ChannelId,
