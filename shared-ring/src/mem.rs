@@ -640,6 +640,20 @@ impl<const N: usize> SlotArray<N> {
         self.region.write_unchecked(self.slot_offset(idx), data);
     }
 
+    /// Stores `words` into the first `W` words of slot `idx` (masked), in order (relaxed): a
+    /// slot body built as words, written before its last word is published. Word `i` holds
+    /// the slot's bytes `4 i .. 4 i + 4` in native order, as [`Self::write_head`] stores them.
+    #[inline]
+    pub fn write_head_words<const W: usize>(&self, idx: u32, words: &[u32; W]) {
+        let () = Self::VALID;
+        const { assert!(W * 4 <= N) };
+        self.region.with_words(self.slot_offset(idx), W * 4, |ws| {
+            for (w, v) in ws.iter().zip(words) {
+                w.store(*v, Ordering::Relaxed);
+            }
+        });
+    }
+
     /// Loads the word at byte `OFF` of slot `idx` (masked).
     #[inline]
     pub fn load_word<const OFF: usize>(&self, idx: u32, order: Ordering) -> u32 {

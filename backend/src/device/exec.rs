@@ -194,18 +194,29 @@ fn run_sq_locked(ctx: &Ctx<'_>, qp: &Arc<Qp>, s: &mut SendSide, budget: &mut usi
         if *budget == 0 {
             break;
         }
-        let (wqe, result) = if let Some(mut a) = s.active.take() {
+        // `wqe` and `result` are assigned, not returned as a pair: the parsed WQE is built
+        // where it stays (the common path moves no WQE-sized value).
+        let wqe;
+        let result;
+        if s.active.is_some() {
+            let Some(mut a) = s.active.take() else {
+                unreachable!("checked just above")
+            };
             let r = match s.peer.as_ref().and_then(Weak::upgrade) {
                 Some(peer) => step(&peer, &mut a, budget),
                 None => done(CqeStatus::RetryExceeded, 0),
             };
-            let w = a.wqe;
+            wqe = a.wqe;
             if matches!(r, Exec::Partial) {
                 s.active = Some(a);
             }
-            (w, r)
+            result = r;
         } else {
-            let wqe = match s.pending.take() {
+            wqe = match if s.pending.is_some() {
+                s.pending.take()
+            } else {
+                None
+            } {
                 Some(w) => w,
                 None => match s.sq.pop_into(&mut raw) {
                     Ok(false) => break,
@@ -229,9 +240,11 @@ fn run_sq_locked(ctx: &Ctx<'_>, qp: &Arc<Qp>, s: &mut SendSide, budget: &mut usi
                     }
                 },
             };
-            let r = execute(ctx, qp, s, &wqe, budget);
-            (wqe, r)
-        };
+            result = match write_fast(ctx, qp, s, &wqe, *budget) {
+                Some(r) => r,
+                None => execute(ctx, qp, s, &wqe, budget),
+            };
+        }
         match result {
             Exec::Blocked => {
                 s.pending = Some(wqe);
@@ -389,6 +402,43 @@ fn source<'a>(data: &'a WqeData, segs: &'a SegList) -> Source<'a> {
         WqeData::Inline { bytes, len } => Source::Inline(&bytes[..usize::from(*len)]),
         WqeData::Sges { .. } => Source::Segs(segs),
     }
+}
+
+/// The common case of [`execute`] without its lists: an RDMA WRITE of one SGE that fits the
+/// budget, executed only if every check [`execute`] makes passes — the same checks, in the
+/// same order, by the same functions (`EngineKeys::local`, the peer's state,
+/// `EngineKeys::remote_checked`), and then the same single copy `mr::scatter` makes. `None`
+/// (nothing written, nothing changed but the engine's key cache) for any other WQE and on any
+/// failed check: [`execute`] then does it all again and completes the WQE with its error.
+#[inline]
+fn write_fast(ctx: &Ctx<'_>, qp: &Qp, s: &SendSide, w: &WqeRepr, budget: usize) -> Option<Exec> {
+    let WqeData::Sges { sges, len: 1 } = &w.data else {
+        return None;
+    };
+    if w.opcode != WqeOpcode::RdmaWrite || sges[0].length as usize > budget {
+        return None;
+    }
+    let src = ctx.keys.local(qp.ch.id, qp.pd, &sges[0], false).ok()?;
+    let peer = s.peer.as_ref()?.upgrade()?;
+    if peer.destroyed.load(Ordering::Relaxed)
+        || !matches!(peer.state(), QpState::Rtr | QpState::Rts)
+    {
+        return None;
+    }
+    let len = src.len as u64;
+    let dst = ctx
+        .keys
+        .remote_checked(
+            peer.ch.id,
+            peer.pd,
+            w.rkey,
+            w.remote_addr,
+            len,
+            access::REMOTE_WRITE,
+        )
+        .ok()?;
+    mr::copy_seg(&dst, &src);
+    Some(done(CqeStatus::Success, len))
 }
 
 fn execute(ctx: &Ctx<'_>, qp: &Qp, s: &mut SendSide, w: &WqeRepr, budget: &mut usize) -> Exec {

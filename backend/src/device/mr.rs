@@ -138,6 +138,14 @@ impl<'a> Cursor<'a> {
     }
 }
 
+/// Copies all of `src` into `dst`, which is at least as long: what [`scatter`] does with one
+/// segment on each side.
+#[inline]
+pub(crate) fn copy_seg(dst: &Seg, src: &Seg) {
+    debug_assert!(dst.len >= src.len);
+    dst.copy_from(0, src, 0, src.len);
+}
+
 /// Copies all of `src` into `dst` (whose total length is at least `src.len()`; extra source
 /// bytes are dropped).
 pub(crate) fn scatter(src: &Source<'_>, dst: &[Option<Seg>]) {
@@ -145,7 +153,7 @@ pub(crate) fn scatter(src: &Source<'_>, dst: &[Option<Seg>]) {
     // without walking the lists.
     if let (Source::Segs([Some(s), rest @ ..]), [Some(d), ..]) = (src, dst) {
         if rest.iter().all(Option::is_none) && d.len >= s.len {
-            d.copy_from(0, s, 0, s.len);
+            copy_seg(d, s);
             return;
         }
     }
@@ -434,7 +442,8 @@ pub(crate) struct KeyCache {
 
 impl KeyCache {
     /// The region of `key`: the cached one if it is still registered, else the table's
-    /// (then cached).
+    /// (then cached). The hit is inlined into the engine's per-WQE path; the miss is not.
+    #[inline(always)]
     fn get(&mut self, table: &KeyTable, key: u32) -> Option<Arc<Mr>> {
         // By the whole key: a region's lkey and rkey (numbers 2n, 2n + 1) take two ways.
         let way = &mut self.ways[key as usize % CACHE_WAYS];
@@ -448,6 +457,13 @@ impl KeyCache {
                 }
             }
         }
+        Self::miss(way, table, key)
+    }
+
+    /// [`Self::get`] when the way does not hold a live region of `key`: the table's, cached.
+    #[cold]
+    #[inline(never)]
+    fn miss(way: &mut Option<(u32, Weak<Mr>)>, table: &KeyTable, key: u32) -> Option<Arc<Mr>> {
         let m = table.get(key);
         *way = m.as_ref().map(|m| (key, Arc::downgrade(m)));
         m
@@ -468,6 +484,7 @@ impl<'a> EngineKeys<'a> {
         }
     }
 
+    #[inline(always)]
     fn get(&self, key: u32) -> Option<Arc<Mr>> {
         self.cache.borrow_mut().get(self.table, key)
     }
@@ -499,6 +516,7 @@ impl<'a> EngineKeys<'a> {
     }
 
     /// [`Self::remote`], saying which check failed (a Terminate message names it).
+    #[inline]
     pub(crate) fn remote_checked(
         &self,
         ch: ChannelId,

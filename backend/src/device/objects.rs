@@ -237,7 +237,7 @@ impl Cq {
                 self.ch.stats.error();
                 return false;
             }
-            match s.writer.write(&cqe.to_bytes()) {
+            match s.writer.write_repr(cqe) {
                 Ok(_) => s
                     .writer
                     .notify_needed(solicited || cqe.status != CqeStatus::Success),

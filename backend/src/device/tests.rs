@@ -183,3 +183,111 @@ fn scatter_crosses_segment_boundaries() {
     pb.read_bytes(100 + 500, &mut got).unwrap();
     assert_eq!(&got, b"hij");
 }
+
+/// The engine's fast path for a one-SGE RDMA WRITE (`exec::write_fast`) runs only when every
+/// check passes: each refused WRITE below completes with the status of the general path,
+/// moves nothing and puts the QP in Error, and the accepted ones copy their bytes.
+#[test]
+fn one_sge_write_is_checked_like_any_write() {
+    use super::testkit::{wqe, Loopback, TestMr, HANG};
+    use super::Device;
+    use shared_ring::abi::control::QpState;
+    use shared_ring::abi::wqe::WqeOpcode;
+    use std::time::Duration;
+
+    type Case = fn(&Loopback, &TestMr) -> (Sge, (u64, u32));
+    let cases: [(&str, Case, CqeStatus); 9] = [
+        (
+            "fits",
+            |l, _| (l.src.sge(0, 64), (l.dst.iova, l.dst.keys.rkey)),
+            CqeStatus::Success,
+        ),
+        (
+            "empty",
+            |l, _| (l.src.sge(0, 0), (l.dst.iova, l.dst.keys.rkey)),
+            CqeStatus::Success,
+        ),
+        (
+            "unknown lkey",
+            |l, _| {
+                let mut s = l.src.sge(0, 64);
+                s.lkey = s.lkey.wrapping_add(1 << 20);
+                (s, (l.dst.iova, l.dst.keys.rkey))
+            },
+            CqeStatus::LocalProtectionError,
+        ),
+        (
+            "local past the end",
+            |l, _| (l.src.sge(4090, 64), (l.dst.iova, l.dst.keys.rkey)),
+            CqeStatus::LocalProtectionError,
+        ),
+        (
+            "rkey as lkey",
+            |l, _| {
+                let mut s = l.src.sge(0, 64);
+                s.lkey = l.src.keys.rkey;
+                (s, (l.dst.iova, l.dst.keys.rkey))
+            },
+            CqeStatus::LocalProtectionError,
+        ),
+        (
+            "unknown rkey",
+            |l, _| {
+                (
+                    l.src.sge(0, 64),
+                    (l.dst.iova, l.dst.keys.rkey.wrapping_add(1 << 20)),
+                )
+            },
+            CqeStatus::RemoteAccessError,
+        ),
+        (
+            "lkey as rkey",
+            |l, _| (l.src.sge(0, 64), (l.dst.iova, l.dst.keys.lkey)),
+            CqeStatus::RemoteAccessError,
+        ),
+        (
+            "remote past the end",
+            |l, _| (l.src.sge(0, 64), (l.dst.iova + 4096 - 63, l.dst.keys.rkey)),
+            CqeStatus::RemoteAccessError,
+        ),
+        (
+            "read-only target",
+            |l, ro| (l.src.sge(0, 64), (ro.iova, ro.keys.rkey)),
+            CqeStatus::RemoteAccessError,
+        ),
+    ];
+    for (name, case, status) in cases {
+        let mut l = Loopback::with_spin(4096, Duration::ZERO);
+        let ro = l.ch.mr(&l.dev, 4096, access::REMOTE_READ);
+        let data: Vec<u8> = (1..=64).collect();
+        l.src.fill(0, &data);
+        ro.fill(0, &[0u8; 64]);
+        let (sge, remote) = case(&l, &ro);
+        let w = wqe(WqeOpcode::RdmaWrite, 7, &[sge], remote, 0);
+        l.qp.post_send(&l.dev, &w);
+        let c = l.cq.wait(&l.dev);
+        assert_eq!((c.wr_id, c.status), (7, status), "{name}");
+        let moved = l.dst.read(0, 64);
+        if status == CqeStatus::Success {
+            assert_eq!(c.byte_len, sge.length, "{name}");
+            assert_eq!(
+                moved[..sge.length as usize],
+                data[..sge.length as usize],
+                "{name}"
+            );
+            assert_eq!(
+                l.dev.qp_state(l.ch.id, l.qp.num),
+                Ok(QpState::Rts),
+                "{name}"
+            );
+        } else {
+            assert_eq!(moved, vec![0u8; 64], "{name}: nothing moved");
+            assert_eq!(ro.read(0, 64), vec![0u8; 64], "{name}: nothing moved");
+            let start = std::time::Instant::now();
+            while l.dev.qp_state(l.ch.id, l.qp.num) != Ok(QpState::Error) {
+                assert!(start.elapsed() < HANG, "{name}: QP not in Error");
+                std::thread::yield_now();
+            }
+        }
+    }
+}

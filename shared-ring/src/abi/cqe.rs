@@ -232,6 +232,22 @@ impl CqeRepr {
     pub fn from_bytes(b: &[u8; CQE_LEN]) -> Result<Self, AbiError> {
         Self::parse(&Cqe::new_unchecked(&b[..]))
     }
+
+    /// The body (the first [`CQE_BODY_LEN`] bytes of [`Self::to_bytes`]) as seven words, word
+    /// `i` holding bytes `4 i .. 4 i + 4` in native order: what the CQ writer stores.
+    #[inline]
+    pub fn body_words(&self) -> [u32; CQE_BODY_LEN / 4] {
+        let w = |v: u32| u32::from_ne_bytes(v.to_le_bytes());
+        [
+            w(self.wr_id as u32),
+            w((self.wr_id >> 32) as u32),
+            w(self.byte_len),
+            w(self.imm_data),
+            w(self.qp_num),
+            w(self.vendor_err),
+            u32::from_ne_bytes([self.opcode as u8, self.status as u8, self.flags, 0]),
+        ]
+    }
 }
 
 #[cfg(test)]
