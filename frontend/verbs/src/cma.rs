@@ -9,8 +9,10 @@
 //!   is one byte in the pipe. Resolution events are queued at once (the address is the
 //!   backend's: there is nothing to resolve). A listen runs a thread taking the backend's
 //!   connection requests (`vrdma::Listener::get_request`) and queues `CONNECT_REQUEST` with a
-//!   new id; `rdma_connect` and `rdma_accept` run the blocking `vrdma` call on a thread and
-//!   queue `ESTABLISHED` (or `REJECTED`, `UNREACHABLE`, `CONNECT_ERROR`); an established id
+//!   new id; `rdma_connect` runs the blocking `vrdma` call on a thread, `rdma_accept` runs it
+//!   before it returns (the backend has the request's answer then: the program may destroy
+//!   its listener), and they queue `ESTABLISHED` (or `REJECTED`, `UNREACHABLE`,
+//!   `CONNECT_ERROR`); an established id
 //!   has a thread waiting for the backend's `QpDisconnected` that queues `DISCONNECTED`.
 //! - **Unsupported** (`rdma_create_ep`, `rdma_init_qp_attr`, `rdma_establish`, multicast,
 //!   UD ids, ids without a channel, a QP not created by `rdma_create_qp`): -1 with errno
@@ -867,16 +869,25 @@ pub unsafe extern "C" fn vrdma_verbs_rdma_accept(
         let Some(req) = id.state().request.take() else {
             return err(EINVAL);
         };
-        spawn_on_qp(id, p, "vrdma-cm-accept", move |p, qp| {
-            let r = qp.cm_accept(req, &data);
-            // SAFETY: the id lives until rdma_destroy_id, which joins this thread.
-            unsafe {
-                match r {
-                    Ok(info) => established(p, &info),
-                    Err(e) => push_connect_error(p, "rdma_accept", &e),
-                }
+        // SAFETY: the id has a QP of rdma_create_qp (id_qp_data).
+        let Some(qp) = (unsafe { Qp::of((*p).qp) }) else {
+            return err(EINVAL);
+        };
+        // The backend's Accept and the wait for the connection run here, not on a thread:
+        // when rdma_accept returns, the request is the connection's, no longer the
+        // listener's. perftest -R destroys its listening id right after rdma_accept; a
+        // listener closed before the backend has the Accept takes its requests with it
+        // (they are rejected), and the client fails. Establishing needs nothing more from
+        // this program (the backend moves both QPs to RTS), so waiting here cannot deadlock.
+        let r = qp.cm_accept(req, &data);
+        // SAFETY: a live id of ours with a QP and a live channel.
+        unsafe {
+            match r {
+                Ok(info) => established(p, &info),
+                Err(e) => push_connect_error(p, "rdma_accept", &e),
             }
-        })
+        }
+        0
     })
 }
 
