@@ -9,8 +9,10 @@
 //!   is one byte in the pipe. Resolution events are queued at once (the address is the
 //!   backend's: there is nothing to resolve). A listen runs a thread taking the backend's
 //!   connection requests (`vrdma::Listener::get_request`) and queues `CONNECT_REQUEST` with a
-//!   new id; `rdma_connect` and `rdma_accept` run the blocking `vrdma` call on a thread and
-//!   queue `ESTABLISHED` (or `REJECTED`, `UNREACHABLE`, `CONNECT_ERROR`); an established id
+//!   new id; `rdma_connect` runs the blocking `vrdma` call on a thread, `rdma_accept` runs it
+//!   before it returns (the backend has the request's answer then: the program may destroy
+//!   its listener), and they queue `ESTABLISHED` (or `REJECTED`, `UNREACHABLE`,
+//!   `CONNECT_ERROR`); an established id
 //!   has a thread waiting for the backend's `QpDisconnected` that queues `DISCONNECTED`.
 //! - **Unsupported** (`rdma_create_ep`, `rdma_init_qp_attr`, `rdma_establish`, multicast,
 //!   UD ids, ids without a channel, a QP not created by `rdma_create_qp`): -1 with errno
@@ -47,9 +49,31 @@ fn err(e: i32) -> c_int {
 #[repr(C)]
 struct Channel {
     ch: rdma_event_channel,
+    pipe: Arc<Pipe>,
+}
+
+/// A channel's pipe and queue. `rdma_get_cm_event` holds a reference while it blocks: a
+/// channel destroyed under a blocked reader keeps its pipe (both ends) until that reader
+/// returns (which it then never does: nothing writes), and one destroyed with no reader
+/// closes both ends at once.
+struct Pipe {
     rd: OwnedFd,
     wr: OwnedFd,
     q: Mutex<VecDeque<usize>>,
+}
+
+impl Drop for Pipe {
+    fn drop(&mut self) {
+        for e in self
+            .q
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            // SAFETY: events queued by `push`, never handed out.
+            drop(unsafe { Box::from_raw(e as *mut Event) });
+        }
+    }
 }
 
 /// An event with the private data its `param.conn.private_data` points at.
@@ -156,7 +180,7 @@ unsafe fn push(
         return;
     }
     // SAFETY: channels of ids are this library's.
-    let ch = unsafe { &*chp.cast::<Channel>() };
+    let ch = unsafe { &*chp.cast::<Channel>() }.pipe.as_ref();
     let mut e = Box::new(Event {
         // SAFETY: all-zero is a valid event (NULL pointers, integers).
         ev: unsafe { std::mem::zeroed() },
@@ -319,9 +343,11 @@ pub unsafe extern "C" fn vrdma_verbs_rdma_create_event_channel() -> *mut rdma_ev
         };
         let ch = Box::new(Channel {
             ch: rdma_event_channel { fd: rd.as_raw_fd() },
-            rd,
-            wr,
-            q: Mutex::new(VecDeque::new()),
+            pipe: Arc::new(Pipe {
+                rd,
+                wr,
+                q: Mutex::new(VecDeque::new()),
+            }),
         });
         Box::into_raw(ch).cast()
     })
@@ -335,17 +361,12 @@ pub unsafe extern "C" fn vrdma_verbs_rdma_destroy_event_channel(ch: *mut rdma_ev
         }
         // SAFETY: from Box::into_raw in rdma_create_event_channel, destroyed once.
         let ch = unsafe { Box::from_raw(ch.cast::<Channel>()) };
-        let Channel { rd, wr, q, .. } = *ch;
-        for e in q.into_inner().unwrap_or_else(|e| e.into_inner()) {
-            // SAFETY: events queued by `push`, never handed out.
-            drop(unsafe { Box::from_raw(e as *mut Event) });
-        }
-        // The program's fd closes, as librdmacm's does. The write end stays open (one fd per
-        // destroyed channel): a thread still blocked in rdma_get_cm_event keeps blocking, as
-        // on librdmacm's closed fd, instead of reading EOF (rping destroys its channel while
-        // its event thread waits there, and exits).
-        drop(rd);
-        std::mem::forget(wr);
+        // The pipe's ends close and its queued events go, unless a thread is blocked in
+        // rdma_get_cm_event on this channel: that thread holds the pipe, which it keeps
+        // blocking on, as on librdmacm's closed fd, instead of reading EOF (rping destroys its
+        // channel while its event thread waits there, and exits). The pipe goes when the
+        // last reader returns.
+        drop(ch);
     })
 }
 
@@ -398,16 +419,20 @@ pub unsafe extern "C" fn vrdma_verbs_rdma_destroy_id(p: *mut rdma_cm_id) -> c_in
         if !chp.is_null() {
             // SAFETY: channels of ids are this library's.
             let ch = unsafe { &*chp.cast::<Channel>() };
-            ch.q.lock().unwrap_or_else(|e| e.into_inner()).retain(|&e| {
-                // SAFETY: queued events are live until handed out.
-                let ev = unsafe { &(*(e as *const Event)).ev };
-                let mine = ev.id == p || ev.listen_id == p;
-                if mine {
-                    // SAFETY: from Box::into_raw in `push`, never handed out.
-                    drop(unsafe { Box::from_raw(e as *mut Event) });
-                }
-                !mine
-            });
+            ch.pipe
+                .q
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .retain(|&e| {
+                    // SAFETY: queued events are live until handed out.
+                    let ev = unsafe { &(*(e as *const Event)).ev };
+                    let mine = ev.id == p || ev.listen_id == p;
+                    if mine {
+                        // SAFETY: from Box::into_raw in `push`, never handed out.
+                        drop(unsafe { Box::from_raw(e as *mut Event) });
+                    }
+                    !mine
+                });
         }
         // SAFETY: from Box::into_raw in rdma_create_id (or the listen thread), destroyed once.
         drop(unsafe { Box::from_raw(p.cast::<Id>()) });
@@ -844,16 +869,25 @@ pub unsafe extern "C" fn vrdma_verbs_rdma_accept(
         let Some(req) = id.state().request.take() else {
             return err(EINVAL);
         };
-        spawn_on_qp(id, p, "vrdma-cm-accept", move |p, qp| {
-            let r = qp.cm_accept(req, &data);
-            // SAFETY: the id lives until rdma_destroy_id, which joins this thread.
-            unsafe {
-                match r {
-                    Ok(info) => established(p, &info),
-                    Err(e) => push_connect_error(p, "rdma_accept", &e),
-                }
+        // SAFETY: the id has a QP of rdma_create_qp (id_qp_data).
+        let Some(qp) = (unsafe { Qp::of((*p).qp) }) else {
+            return err(EINVAL);
+        };
+        // The backend's Accept and the wait for the connection run here, not on a thread:
+        // when rdma_accept returns, the request is the connection's, no longer the
+        // listener's. perftest -R destroys its listening id right after rdma_accept; a
+        // listener closed before the backend has the Accept takes its requests with it
+        // (they are rejected), and the client fails. Establishing needs nothing more from
+        // this program (the backend moves both QPs to RTS), so waiting here cannot deadlock.
+        let r = qp.cm_accept(req, &data);
+        // SAFETY: a live id of ours with a QP and a live channel.
+        unsafe {
+            match r {
+                Ok(info) => established(p, &info),
+                Err(e) => push_connect_error(p, "rdma_accept", &e),
             }
-        })
+        }
+        0
     })
 }
 
@@ -918,8 +952,9 @@ pub unsafe extern "C" fn vrdma_verbs_rdma_get_cm_event(
         if ch.is_null() || out.is_null() {
             return err(EINVAL);
         }
-        // SAFETY: C contract: a channel of ours.
-        let ch = unsafe { &*ch.cast::<Channel>() };
+        // SAFETY: C contract: a channel of ours. Its pipe is held while this call blocks
+        // (rdma_destroy_event_channel may free the channel meanwhile).
+        let ch = unsafe { &*ch.cast::<Channel>() }.pipe.clone();
         // One byte per event: blocks until one is queued (EAGAIN on a non-blocking fd).
         // A byte whose event went with its id (rdma_destroy_id) is skipped.
         let mut b = [0u8; 1];
@@ -1234,6 +1269,98 @@ mod tests {
             let s = std::ffi::CStr::from_ptr(vrdma_verbs_rdma_event_str(RDMA_CM_EVENT_ESTABLISHED));
             assert_eq!(s.to_str().unwrap(), "RDMA_CM_EVENT_ESTABLISHED");
         }
+    }
+
+    /// A non-blocking read on a duplicate of `fd`: Ok(0) at EOF (no write end left open),
+    /// Err(EAGAIN) while some write end is open and nothing is buffered.
+    fn read_nonblocking(fd: c_int) -> std::io::Result<usize> {
+        let mut b = [0u8; 1];
+        // SAFETY: plain fd calls on a duplicate this function owns and closes.
+        unsafe {
+            let d = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0);
+            assert!(d >= 0, "dup of the channel's fd");
+            let fl = libc::fcntl(d, libc::F_GETFL);
+            assert_eq!(libc::fcntl(d, libc::F_SETFL, fl | libc::O_NONBLOCK), 0);
+            let n = libc::read(d, b.as_mut_ptr().cast(), 1);
+            let r = if n < 0 {
+                Err(std::io::Error::last_os_error())
+            } else {
+                Ok(n as usize)
+            };
+            libc::close(d);
+            r
+        }
+    }
+
+    #[test]
+    fn a_destroyed_event_channel_closes_both_ends_of_its_pipe() {
+        // SAFETY: channels of this library, used as the C API says; a duplicate of the
+        // program's fd taken before the channel goes.
+        unsafe {
+            let ch = vrdma_verbs_rdma_create_event_channel();
+            assert!(!ch.is_null());
+            let fd = (*ch).fd;
+            assert_eq!(
+                read_nonblocking(fd).map_err(|e| e.raw_os_error()),
+                Err(Some(EAGAIN)),
+                "a live channel's pipe has its write end"
+            );
+            let d = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0);
+            assert!(d >= 0);
+            vrdma_verbs_rdma_destroy_event_channel(ch);
+            // The duplicate reads EOF: no write end of the pipe is left open (no fd kept
+            // per destroyed channel).
+            let r = read_nonblocking(d).map_err(|e| e.raw_os_error());
+            libc::close(d);
+            assert_eq!(r, Ok(0), "the destroyed channel's write end is still open");
+        }
+    }
+
+    #[test]
+    fn a_reader_blocked_on_a_destroyed_channel_stays_blocked() {
+        use std::sync::atomic::AtomicI32;
+        // rping destroys its channel while its event thread waits in rdma_get_cm_event and
+        // then exits: that thread must neither return an error (rping exits 255 then) nor
+        // touch freed memory.
+        // SAFETY: a new channel of ours (its address goes to the reader as an integer).
+        let chp = unsafe { vrdma_verbs_rdma_create_event_channel() };
+        assert!(!chp.is_null());
+        let ch = Ptr(chp as usize);
+        let tid = Arc::new(AtomicI32::new(0));
+        let returned = Arc::new(AtomicBool::new(false));
+        let (t2, r2) = (tid.clone(), returned.clone());
+        std::thread::spawn(move || {
+            // SAFETY: the calling thread's id.
+            t2.store(unsafe { libc::gettid() }, Ordering::Release);
+            let mut e = std::ptr::null_mut();
+            // SAFETY: a live channel of ours when the call starts.
+            let _ = unsafe { vrdma_verbs_rdma_get_cm_event(ch.0 as *mut _, &mut e) };
+            r2.store(true, Ordering::Release);
+        });
+        // Wait (bounded) until the reader is in read(2) (syscall 0 on x86_64, 63 on aarch64).
+        let read_nr = if cfg!(target_arch = "aarch64") { 63 } else { 0 };
+        let mut blocked = false;
+        for _ in 0..500 {
+            let t = tid.load(Ordering::Acquire);
+            if t != 0 {
+                let s = std::fs::read_to_string(format!("/proc/self/task/{t}/syscall"))
+                    .unwrap_or_default();
+                if s.split_whitespace().next() == Some(&read_nr.to_string()) {
+                    blocked = true;
+                    break;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(blocked, "the reader never blocked in read(2)");
+        // SAFETY: our channel, destroyed once, while its reader blocks.
+        unsafe { vrdma_verbs_rdma_destroy_event_channel(chp) };
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            !returned.load(Ordering::Acquire),
+            "rdma_get_cm_event returned on a destroyed channel"
+        );
+        // The reader stays blocked until the test process ends (as rping's does).
     }
 
     #[test]

@@ -259,13 +259,18 @@ fn perftest_read_bw_all_sizes() {
 }
 
 fn build_c(dir: &Path, name: &str) -> PathBuf {
+    build_c_with(dir, name, &["-libverbs"])
+}
+
+/// [`build_c`] linking `libs`.
+fn build_c_with(dir: &Path, name: &str, libs: &[&str]) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
     let exe = dir.join(name);
     let out = Command::new("gcc")
         .args(["-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-o"])
         .arg(&exe)
         .arg(&src)
-        .arg("-libverbs")
+        .args(libs)
         .output()
         .unwrap_or_else(|e| {
             panic!("VERBS C TEST CANNOT RUN: gcc: {e} (apt-get install gcc libibverbs-dev)")
@@ -309,6 +314,45 @@ fn dereg_mr_revokes_the_rkey_at_once_and_app_memory_works() {
             "verbs_check lacks {want:?}:\n{out}\n{err}"
         );
     }
+}
+
+/// `tests/c/cm_accept_check.c`: a server that destroys its listening id right after
+/// `rdma_accept` (perftest `-R` does, in `rdma_server_connect`) still gets its connection:
+/// `rdma_accept` returns once the backend has established it (its `ESTABLISHED` is queued
+/// then), and the client gets `ESTABLISHED`. Until 2026-11-24 `rdma_accept` left the
+/// backend's `Accept` to a thread: a listener destroyed first took the request with it and the
+/// client was rejected (a perftest -R client in the Xen lab then exited 1 before its
+/// exchange).
+#[test]
+fn a_listener_destroyed_right_after_rdma_accept_keeps_the_connection() {
+    if !have("gcc", "gcc") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = build_c_with(tmp.path(), "cm_accept_check", &["-lrdmacm", "-libverbs"]);
+    let exe = exe.display().to_string();
+    let mut lab = Lab::start(None).expect("start the simulated host and the backend");
+    let a = lab.create_guest("accept-server").expect("guest a");
+    let b = lab.create_guest("accept-client").expect("guest b");
+    let port = free_port().to_string();
+    let mut server = exec_in(&lab, a, &[&exe, "server", "127.0.0.1", &port]);
+    common::wait_listening(&port, &mut server, "cm_accept_check");
+    let (cok, cout, cerr) =
+        exec_in(&lab, b, &[&exe, "client", "127.0.0.1", &port]).finish(Duration::from_secs(120));
+    let (sok, sout, serr) = server.finish(Duration::from_secs(60));
+    let both = format!("--- server:\n{sout}\n{serr}\n--- client:\n{cout}\n{cerr}");
+    assert!(
+        sout.contains("ESTABLISHED queued when rdma_accept returned: yes"),
+        "rdma_accept returned before the connection was established:\n{both}"
+    );
+    assert!(
+        cout.contains("client: RDMA_CM_EVENT_ESTABLISHED"),
+        "the client was not connected:\n{both}"
+    );
+    assert!(
+        sok && cok && sout.contains("server: done") && cout.contains("client: done"),
+        "{both}"
+    );
 }
 
 /// Debian's `rping` (librdmacm's rdma_cm API: listen, resolve, connect, accept, disconnect)

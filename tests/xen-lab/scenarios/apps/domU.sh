@@ -38,6 +38,15 @@ summary() {
     rej=0; grep -q -E 'Failed to connect RDMA CM events|Failed to resolve RDMA CM address|REJECTED' "$f" && rej=1
     echo "$pings $sum ${iters:--} $cm ${lq:--} ${rq:--} ${hca:--} $act $rej"
 }
+# The library logs what failed (one stderr line per failed call): a failed step shows it.
+export VRDMA_VERBS_LOG=1
+# threads PID: where each thread of a step dom0 ends was (a hang's diagnosis): its name,
+# state, kernel wait channel and system call (/proc/PID/task/*/syscall: number, arguments).
+threads() {
+    for t in /proc/$1/task/*; do
+        echo "thread ${t##*/} $(cat $t/comm 2>/dev/null) $(awk '{print $3}' $t/stat 2>/dev/null) wchan=$(cat $t/wchan 2>/dev/null) syscall=$(cut -d' ' -f1-3 $t/syscall 2>/dev/null)"
+    done
+}
 wait_key ready || exit 1
 last=0
 while :; do
@@ -60,6 +69,7 @@ while :; do
         n=$((n+1))
         if [ $((n % 5)) = 0 ] && [ "$(xenstore-read "/lab/kill/$NAME" 2>/dev/null)" = "$s" ]; then
             echo "$NAME: step $s: dom0 ends it"
+            threads $pid | sed "s/^/$NAME:   /"
             kill -TERM $pid 2>/dev/null; sleep 2; kill -KILL $pid 2>/dev/null
             break
         fi
