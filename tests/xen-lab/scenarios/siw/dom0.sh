@@ -73,12 +73,14 @@ phase_teardown() {
 
 # cap_start TAG PORT: tcpdump on lo (TCP, PORT's connections) into /run/lab/TAG.pcap, once it
 # listens (its pid in $tp). cap_stop TAG: stops it, copies TAG's files to the share's out/, and
-# prints how many packets it captured. --immediate-mode: without it libpcap hands packets over a
-# ring block at a time (a block timeout of up to 1 s), and the SIGINT of cap_stop drops what the
+# prints how many packets it captured. libpcap hands packets over a ring block at a time, a
+# block retired when full or after tcpdump's 1 s timeout; a SIGINT before then loses what the
 # last block holds — a CI run captured 15 of rping's 50 packets ("15 packets captured, 100
-# received by filter, 0 dropped by kernel"), which failed the codec's exact rping check.
+# received by filter, 0 dropped by kernel"), which failed the codec's exact rping check. So
+# cap_stop waits 2.5 s first. (--immediate-mode is no cure: its ring holds 8 snapshot-sized
+# frames, and ib_write_bw's segments overflowed it: "29 packets dropped by kernel".)
 cap_start() {
-    $R/tcpdump -i lo --immediate-mode -U -Z root -c 4000 -w "/run/lab/$1.pcap" "tcp port $2" > "/run/lab/$1.tcpdump" 2>&1 &
+    $R/tcpdump -i lo -U -Z root -c 4000 -w "/run/lab/$1.pcap" "tcp port $2" > "/run/lab/$1.tcpdump" 2>&1 &
     tp=$!
     i=0; until grep -q 'listening on lo' "/run/lab/$1.tcpdump" 2>/dev/null; do
         i=$((i+1))
@@ -89,10 +91,11 @@ cap_start() {
     done
 }
 cap_stop() {
-    sleep 1
+    sleep 2.5
     kill -INT $tp 2>/dev/null; wait $tp
     for f in pcap server.log client.log tcpdump; do [ -f "/run/lab/$1.$f" ] && cp "/run/lab/$1.$f" "$OUT/"; done
-    # On lo the filter sees each packet twice (sent, received); tcpdump writes it once.
+    # On lo the filter sees each packet twice (sent, received); tcpdump writes it once. Logged
+    # only: the tshark and codec checks then fail on what is missing.
     c=$(sed -n 's/^\([0-9]*\) packets captured.*/\1/p' "/run/lab/$1.tcpdump")
     r=$(sed -n 's/^\([0-9]*\) packets received by filter.*/\1/p' "/run/lab/$1.tcpdump")
     [ -n "$c" ] && [ -n "$r" ] && [ $((c * 2)) -lt "$r" ] &&
