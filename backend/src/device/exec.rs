@@ -198,10 +198,7 @@ fn run_sq_locked(ctx: &Ctx<'_>, qp: &Arc<Qp>, s: &mut SendSide, budget: &mut usi
         // where it stays (the common path moves no WQE-sized value).
         let wqe;
         let result;
-        if s.active.is_some() {
-            let Some(mut a) = s.active.take() else {
-                unreachable!("checked just above")
-            };
+        if let Some(mut a) = s.active.take() {
             let r = match s.peer.as_ref().and_then(Weak::upgrade) {
                 Some(peer) => step(&peer, &mut a, budget),
                 None => done(CqeStatus::RetryExceeded, 0),
@@ -212,11 +209,7 @@ fn run_sq_locked(ctx: &Ctx<'_>, qp: &Arc<Qp>, s: &mut SendSide, budget: &mut usi
             }
             result = r;
         } else {
-            wqe = match if s.pending.is_some() {
-                s.pending.take()
-            } else {
-                None
-            } {
+            wqe = match s.pending.take() {
                 Some(w) => w,
                 None => match s.sq.pop_into(&mut raw) {
                     Ok(false) => break,
