@@ -131,6 +131,14 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
             }
             sockets.rebuild(&qps);
             kick_sources = chans.iter().any(|c| c.kick_source.is_some());
+            // An event the poller reported before the channel was in the shared list found
+            // nobody to consume it (`fire_kicks`); on Xen that port then stays masked and no
+            // later notification would ever wake anyone. Every source is looked at once more
+            // (a read that finds nothing is cheap; a needless wake of a channel thread is
+            // harmless). The channel's opener bumps the generation after listing it.
+            for src in chans.iter().filter_map(|c| c.kick_source.as_ref()) {
+                src.fired();
+            }
         }
         // While awake the engine looks at its poller without blocking: every pass when it
         // has sockets, every `KICK_POLL_PASSES` when only guests' event channels are there

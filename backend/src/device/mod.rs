@@ -184,8 +184,9 @@ impl<F: Fn() + Send + Sync> Notifier for F {
 }
 
 /// A channel's event channel as an engine waits on it ([`ChannelSetup::kick_source`]): the
-/// file becomes readable when the guest notifies; edge-triggered (each notification is a new
-/// edge), so the device never has to read it to be woken again.
+/// file becomes readable when the guest notifies. Every event reported must reach
+/// [`KickSource::fired`]: on Xen a delivered port stays masked until it is read and unmasked,
+/// so an event nobody consumes silences every later notification of that channel.
 pub trait KickSource: std::os::fd::AsFd + Send + Sync {
     /// The file became readable: consume the pending events (re-enabling their delivery) and
     /// pass on to the daemon whatever was not a kick for the engine (control requests, the
