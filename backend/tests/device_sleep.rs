@@ -152,6 +152,40 @@ fn the_guests_event_channel_wakes_the_engine_without_the_daemons_kick() {
     );
 }
 
+/// On Xen, an event that was delivered and not consumed keeps its port masked: later
+/// notifications raise nothing. So the one already pending when the channel is handed to the
+/// engine (the guest's notification for the control request that opened it, delivered again
+/// when the daemon's thread unmasked the port) must reach `KickSource::fired`, even when the
+/// engine's poller reports it before the channel is in the engine's list.
+#[test]
+fn an_event_pending_when_the_channel_opens_is_consumed() {
+    let dev = SoftDevice::new(EngineConfig {
+        threads: 1,
+        spin: Duration::ZERO,
+    })
+    .unwrap();
+    // Many opens: the poller reports the pending event as soon as the source is registered,
+    // while the device is still listing the channel.
+    for _ in 0..200 {
+        let (notify, source) = UnixStream::pair().unwrap();
+        source.set_nonblocking(true).unwrap();
+        (&notify).write_all(&[1]).unwrap();
+        let source = Arc::new(Source {
+            sock: source,
+            fired: AtomicU64::new(0),
+        });
+        let a = TestChannel::open_with_kick_source(
+            &dev,
+            1,
+            ChannelMode::Bypass,
+            Some(source.clone()),
+        );
+        assert!(dev.takes_kicks(a.id));
+        wait_until(|| source.fired.load(Ordering::SeqCst) > 0);
+        dev.close_channel(a.id);
+    }
+}
+
 #[test]
 fn a_spinning_engine_is_not_kicked() {
     let dev = SoftDevice::new(EngineConfig {
