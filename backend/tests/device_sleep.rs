@@ -174,12 +174,8 @@ fn an_event_pending_when_the_channel_opens_is_consumed() {
             sock: source,
             fired: AtomicU64::new(0),
         });
-        let a = TestChannel::open_with_kick_source(
-            &dev,
-            1,
-            ChannelMode::Bypass,
-            Some(source.clone()),
-        );
+        let a =
+            TestChannel::open_with_kick_source(&dev, 1, ChannelMode::Bypass, Some(source.clone()));
         assert!(dev.takes_kicks(a.id));
         wait_until(|| source.fired.load(Ordering::SeqCst) > 0);
         dev.close_channel(a.id);
