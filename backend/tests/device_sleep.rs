@@ -1,13 +1,18 @@
 //! The engine's sleep protocol: it arms the sleep word when idle, a frontend then (and only
 //! then) kicks, and the kick wakes it. Tested by protocol state, never by timing.
 
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use shared_ring::abi::control::access;
 use shared_ring::abi::cqe::CqeStatus;
 use shared_ring::abi::wqe::WqeOpcode;
 use vrdma_backend::device::testkit::{wqe, TestChannel, HANG};
-use vrdma_backend::device::{ChannelMode, Device, EngineConfig, SoftDevice};
+use vrdma_backend::device::{ChannelMode, Device, EngineConfig, KickSource, SoftDevice};
 
 fn wait_until(mut f: impl FnMut() -> bool) {
     let start = Instant::now();
@@ -65,6 +70,115 @@ fn idle_engine_sleeps_and_a_kick_wakes_it() {
         dev.kick(a.id);
         let c = cq.wait(&dev);
         assert_eq!((c.wr_id, c.status), (round, CqeStatus::Success));
+    }
+}
+
+/// A kick source that counts its events and consumes them.
+struct Source {
+    sock: UnixStream,
+    fired: AtomicU64,
+}
+
+impl AsFd for Source {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.sock.as_fd()
+    }
+}
+
+impl KickSource for Source {
+    fn fired(&self) {
+        let mut b = [0u8; 64];
+        while matches!((&self.sock).read(&mut b), Ok(n) if n > 0) {}
+        self.fired.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn the_guests_event_channel_wakes_the_engine_without_the_daemons_kick() {
+    // The channel's kick source stands for the guest's event channel: a socket the test
+    // writes one byte to per notification; the engine consumes it (`fired`).
+    // `Device::kick` is never called: the engine must wake on the source alone.
+    let (notify, source) = UnixStream::pair().unwrap();
+    source.set_nonblocking(true).unwrap();
+    let source = Arc::new(Source {
+        sock: source,
+        fired: AtomicU64::new(0),
+    });
+    let dev = SoftDevice::new(EngineConfig {
+        threads: 1,
+        spin: Duration::ZERO,
+    })
+    .unwrap();
+    let mut a =
+        TestChannel::open_with_kick_source(&dev, 1, ChannelMode::Bypass, Some(source.clone()));
+    assert!(dev.takes_kicks(a.id));
+    let mut cq = a.cq(&dev, 4);
+    let mut qp = a.qp(&dev, &cq, &cq, 4);
+    dev.connect_qp(a.id, qp.num, qp.num).unwrap();
+    let m = a.mr(&dev, 4096, access::ALL);
+    for round in 0..5u64 {
+        // Asleep, with the sleep word armed (bit 0), on a sleep after the last completion.
+        wait_until(|| {
+            let d = dev.engine_diag(a.id).unwrap();
+            d.asleep && d.sleeps > round && qp.kick.value() & 1 == 1
+        });
+        let w = wqe(
+            WqeOpcode::RdmaWrite,
+            round,
+            &[m.sge(0, 8)],
+            (m.iova + 64, m.keys.rkey),
+            0,
+        );
+        qp.sq.write(&w.to_bytes()).unwrap();
+        assert!(
+            qp.sq.publish_and_check_kick(&mut qp.kick),
+            "the armed engine is not kicked"
+        );
+        (&notify).write_all(&[1]).unwrap();
+        let c = cq.wait(&dev);
+        assert_eq!((c.wr_id, c.status), (round, CqeStatus::Success));
+        assert!(
+            source.fired.load(Ordering::SeqCst) > round,
+            "the event was not consumed"
+        );
+    }
+    // Closing the channel deregisters the source: the device keeps no use of it.
+    dev.close_channel(a.id);
+    drop(dev);
+    assert_eq!(
+        Arc::strong_count(&source),
+        1,
+        "the device still holds the kick source"
+    );
+}
+
+/// On Xen, an event that was delivered and not consumed keeps its port masked: later
+/// notifications raise nothing. So the one already pending when the channel is handed to the
+/// engine (the guest's notification for the control request that opened it, delivered again
+/// when the daemon's thread unmasked the port) must reach `KickSource::fired`, even when the
+/// engine's poller reports it before the channel is in the engine's list.
+#[test]
+fn an_event_pending_when_the_channel_opens_is_consumed() {
+    let dev = SoftDevice::new(EngineConfig {
+        threads: 1,
+        spin: Duration::ZERO,
+    })
+    .unwrap();
+    // Many opens: the poller reports the pending event as soon as the source is registered,
+    // while the device is still listing the channel.
+    for _ in 0..200 {
+        let (notify, source) = UnixStream::pair().unwrap();
+        source.set_nonblocking(true).unwrap();
+        (&notify).write_all(&[1]).unwrap();
+        let source = Arc::new(Source {
+            sock: source,
+            fired: AtomicU64::new(0),
+        });
+        let a =
+            TestChannel::open_with_kick_source(&dev, 1, ChannelMode::Bypass, Some(source.clone()));
+        assert!(dev.takes_kicks(a.id));
+        wait_until(|| source.fired.load(Ordering::SeqCst) > 0);
+        dev.close_channel(a.id);
     }
 }
 

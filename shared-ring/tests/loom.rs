@@ -5,6 +5,7 @@
 //! A blocked thread that nobody will notify is a deadlock, which loom reports as a failure.
 #![cfg(loom)]
 
+use loom::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use loom::sync::Notify;
 use loom::thread;
 use std::sync::Arc;
@@ -13,12 +14,18 @@ use shared_ring::abi::cqe::{CqeOpcode, CqeRepr, CqeStatus, CQE_LEN};
 use shared_ring::cq::{CqPoller, CqWriter};
 use shared_ring::doorbell::DoorbellPage;
 use shared_ring::queue::{Consumer, Producer};
-use shared_ring::xen_ring::{BackRing, FrontRing};
+use shared_ring::xen_ring::{header, BackRing, FrontRing};
 use shared_ring::{SharedRegion, SharedWord};
 
 fn model(f: impl Fn() + Sync + Send + 'static) {
+    model_bounded(None, f);
+}
+
+/// `model` with at most `bound` preemptions per execution (None: exhaustive). Models of
+/// three threads besides the main one are bounded: exhaustive, one ran for over 15 minutes.
+fn model_bounded(bound: Option<usize>, f: impl Fn() + Sync + Send + 'static) {
     let mut b = loom::model::Builder::new();
-    b.preemption_bound = None;
+    b.preemption_bound = bound;
     b.check(f);
 }
 
@@ -62,6 +69,69 @@ fn ring_requests_have_no_lost_wakeup() {
             }
         }
         backend.join().unwrap();
+    });
+}
+
+/// Preemptions per execution in `ring_requests_passed_on_by_the_engine_have_no_lost_wakeup`.
+const PASSED_ON_BOUND: usize = 3;
+
+/// The daemon's channel thread hands the channel's event channel to the device's engine
+/// (backend `control::channel::EvtchnKicks`): the engine consumes every notification and
+/// wakes the thread only when `req_prod` differs from the `req_cons` the thread published
+/// after its last `final_check_for_requests`. No request may be left with the thread asleep.
+#[test]
+fn ring_requests_passed_on_by_the_engine_have_no_lost_wakeup() {
+    model_bounded(Some(PASSED_ON_BOUND), || {
+        const N: u32 = 2;
+        let region = small_ring();
+        let mut front = FrontRing::<4>::init(region.clone()).unwrap();
+        let mut back = BackRing::<4>::new(region.clone()).unwrap();
+        let evtchn = Arc::new(Notify::new());
+        let waker = Arc::new(Notify::new());
+        let served = Arc::new(AtomicU32::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let engine = {
+            let (evtchn, waker, served, stop) =
+                (evtchn.clone(), waker.clone(), served.clone(), stop.clone());
+            thread::spawn(move || loop {
+                evtchn.wait();
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                let prod = region
+                    .load_u32(header::REQ_PROD, Ordering::Acquire)
+                    .unwrap();
+                if prod != served.load(Ordering::Acquire) {
+                    waker.notify();
+                }
+            })
+        };
+        let channel = thread::spawn(move || {
+            let mut seen = 0;
+            loop {
+                while let Some(r) = back.next_request().unwrap() {
+                    assert_eq!(u32::from_le_bytes(r), seen + 100, "payload visible");
+                    seen += 1;
+                }
+                if seen == N {
+                    break;
+                }
+                if !back.final_check_for_requests().unwrap() {
+                    served.store(back.req_cons(), Ordering::Release);
+                    waker.wait();
+                }
+            }
+        });
+        for i in 0..N {
+            front.write_request(&(100 + i).to_le_bytes()).unwrap();
+            if front.push_requests_and_check_notify() {
+                evtchn.notify();
+            }
+        }
+        channel.join().unwrap();
+        stop.store(true, Ordering::SeqCst);
+        evtchn.notify();
+        engine.join().unwrap();
     });
 }
 

@@ -1,25 +1,29 @@
 //! The thread serving one channel: it sleeps on the channel's event channel (and a waker for
 //! closing and deferred answers), serves the control ring, kicks the device engine, and
-//! watches the alive byte. It never spins.
+//! watches the alive byte. It never spins. Once the device's engine watches the event channel
+//! itself ([`Device::takes_kicks`]), the thread sleeps on its waker alone and the engine wakes
+//! it ([`EvtchnKicks`]) for a control request or the frontend's death: a kick for the engine
+//! no longer wakes this thread.
 //!
 //! Closing takes bounded time whatever the guest does: the thread serves at most one ring's
 //! worth of requests per wake-up and checks the stop flag before each request, so it stops
 //! after the request in hand (one request's work is bounded by the guest's quotas); the daemon
 //! waits for it at most [`CLOSE_WAIT`], then leaves it to reclaim on its own.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
+use shared_ring::xen_ring::header;
 use shared_ring::{ControlBackRing, RingError, SharedRegion};
 use xen_platform::EventChannel;
 
 use super::service::ControlService;
 use crate::daemon::FaultSink;
-use crate::device::{Device, Notifier};
+use crate::device::{Device, KickSource, Notifier};
 use crate::xenbus::{ChannelFault, ChannelLink, CloseReason, DeviceId};
 
 /// Offset of the alive byte in the ring page (`io/ring.h`'s private area, docs/split-driver.md).
@@ -53,6 +57,42 @@ impl Notifier for ChannelNotifier {
     }
 }
 
+/// The channel's event channel as the device's engine watches it
+/// ([`crate::device::KickSource`]): the engine consumes the events, and wakes this channel's
+/// thread when one may have been for it — a control request it has not served, or the
+/// frontend's death (the alive byte cleared).
+pub(super) struct EvtchnKicks {
+    pub(super) evtchn: Arc<EventChannel>,
+    pub(super) ring_page: SharedRegion,
+    /// The thread's `req_cons` when it last went idle (stale values are lower: an extra
+    /// wake-up, never a lost one).
+    pub(super) served: Arc<AtomicU32>,
+    pub(super) waker: Arc<Waker>,
+}
+
+impl std::os::fd::AsFd for EvtchnKicks {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.evtchn.as_fd()
+    }
+}
+
+impl KickSource for EvtchnKicks {
+    fn fired(&self) {
+        if let Err(e) = self.evtchn.consume() {
+            tracing::warn!("event channel: {e}");
+        }
+        // The guest published `req_prod` before it notified, so it is seen here; a value
+        // that is garbage wakes the thread too, which reports the protocol error.
+        let prod = self
+            .ring_page
+            .load_u32(header::REQ_PROD, Ordering::Acquire)
+            .unwrap_or(0);
+        if prod != self.served.load(Ordering::Acquire) || !alive(&self.ring_page) {
+            let _ = self.waker.wake();
+        }
+    }
+}
+
 pub(super) struct Running {
     pub(super) service: ControlService,
     pub(super) ring: ControlBackRing,
@@ -64,6 +104,8 @@ pub(super) struct Running {
     pub(super) faults: FaultSink,
     pub(super) device_id: DeviceId,
     pub(super) channel: u32,
+    /// Shared with the channel's [`EvtchnKicks`]: `req_cons` when the thread last went idle.
+    pub(super) served: Arc<AtomicU32>,
 }
 
 /// What the link and the thread share.
@@ -103,11 +145,31 @@ impl Running {
 
     pub(super) fn run(mut self) {
         let mut events = Events::with_capacity(4);
+        // Whether the device's engine watches the event channel (then this thread does not:
+        // it is woken through its waker by `EvtchnKicks` when an event was for it).
+        let mut handed_over = false;
         let fault = loop {
             let more = match self.serve() {
                 Ok(more) => more,
                 Err(e) => break Some(ChannelFault::Protocol(e.to_string())),
             };
+            self.served.store(self.ring.req_cons(), Ordering::Release);
+            let engine_watches = self
+                .service
+                .device_channel()
+                .is_some_and(|ch| self.device.takes_kicks(ch));
+            if engine_watches != handed_over {
+                if let Err(e) = self.watch_evtchn(!engine_watches) {
+                    break Some(ChannelFault::Protocol(format!(
+                        "polling the event channel: {e}"
+                    )));
+                }
+                handed_over = engine_watches;
+                // Events consumed by neither side meanwhile are looked at once more.
+                if handed_over && !alive(&self.ring_page) {
+                    break Some(ChannelFault::Died);
+                }
+            }
             if !alive(&self.ring_page) {
                 break Some(ChannelFault::Died);
             }
@@ -129,6 +191,9 @@ impl Running {
                         "polling the event channel: {e}"
                     )));
                 }
+            }
+            if handed_over {
+                continue;
             }
             if let Err(e) = self.evtchn.consume() {
                 tracing::warn!(device = %self.device_id, channel = self.channel, "event channel: {e}");
@@ -156,6 +221,17 @@ impl Running {
         }
         *lock(&self.shared.done) = true;
         self.shared.done_cv.notify_all();
+    }
+
+    /// Starts (`watch`) or stops watching the event channel in this thread's poll.
+    fn watch_evtchn(&self, watch: bool) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let fd = self.evtchn.as_raw_fd();
+        if watch {
+            Self::register(&self.poll, &self.evtchn)
+        } else {
+            self.poll.registry().deregister(&mut SourceFd(&fd))
+        }
     }
 
     /// Serves the requests on the ring (at most one ring's worth, so a frontend that keeps

@@ -129,6 +129,13 @@ impl ChannelOpener for ControlOpener {
             mio::Waker::new(poll.registry(), channel::WAKE).map_err(|e| format!("waker: {e}"))?,
         );
         Running::register(&poll, &evtchn).map_err(|e| format!("poll: {e}"))?;
+        let served = Arc::new(std::sync::atomic::AtomicU32::new(ring.req_cons()));
+        let kicks = Arc::new(channel::EvtchnKicks {
+            evtchn: evtchn.clone(),
+            ring_page: ring_page.clone(),
+            served: served.clone(),
+            waker: waker.clone(),
+        });
         let notifier = Arc::new(ChannelNotifier {
             evtchn: evtchn.clone(),
             waker: waker.clone(),
@@ -143,7 +150,8 @@ impl ChannelOpener for ControlOpener {
             notifier,
         )
         .with_budget(self.budget.clone())
-        .with_cm_policy(self.cm.clone());
+        .with_cm_policy(self.cm.clone())
+        .with_kick_source(kicks);
         let shared = Arc::new(Shared::new(waker));
         let running = Running {
             service,
@@ -156,6 +164,7 @@ impl ChannelOpener for ControlOpener {
             faults: self.faults.clone(),
             device_id: req.device,
             channel: req.channel,
+            served,
         };
         let thread = std::thread::Builder::new()
             .name(format!(

@@ -122,6 +122,9 @@ pub struct ControlService {
     granted: u64,
     mode: ChannelMode,
     notifier: Arc<dyn Notifier>,
+    /// The channel's event channel, for the device's engine to wake on
+    /// ([`crate::device::ChannelSetup::kick_source`]).
+    kick_source: Option<Arc<dyn crate::device::KickSource>>,
     /// The device's channel, once `Init` succeeded.
     ch: Option<ChannelId>,
     table: ChannelTable,
@@ -182,6 +185,7 @@ impl ControlService {
             granted: 0,
             mode,
             notifier,
+            kick_source: None,
             ch: None,
             table: ChannelTable::default(),
             dir_pages: BTreeMap::new(),
@@ -201,6 +205,17 @@ impl ControlService {
     /// without it the defaults of `[cm]` apply.
     pub fn with_cm_policy(mut self, policy: Arc<CmPolicy>) -> ControlService {
         self.cm = policy;
+        self
+    }
+
+    /// Lets the device's engine wake on `source`, the channel's event channel, when the guest
+    /// kicks it ([`crate::device::ChannelSetup::kick_source`]); without it every kick goes
+    /// through this service's thread ([`crate::device::Device::kick`]).
+    pub fn with_kick_source(
+        mut self,
+        source: Arc<dyn crate::device::KickSource>,
+    ) -> ControlService {
+        self.kick_source = Some(source);
         self
     }
 
@@ -511,6 +526,7 @@ impl ControlService {
                 event_ring,
                 notifier: self.notifier.clone(),
                 mode: self.mode,
+                kick_source: self.kick_source.clone(),
             })?;
             Ok((ch, slots, doorbell_grefs, event_grefs))
         })();

@@ -5,8 +5,12 @@
 //! sleep word of every channel it serves (`EngineSleep::prepare_sleep`, which fences), re-checks
 //! every queue, and only then blocks in `mio::Poll` on its waker. A frontend that publishes a
 //! producer index after the re-check sees the sleep word and notifies the channel's event
-//! channel; the daemon forwards that as [`super::Device::kick`], which wakes the engine. The
-//! control path wakes it the same way when channels or QPs come and go, and for mediated posts.
+//! channel. A bypass channel's event channel is in the engine's own poller
+//! ([`super::ChannelSetup::kick_source`]), so the notification wakes the engine directly, which
+//! consumes it ([`super::KickSource::fired`], which passes control requests on to the daemon);
+//! without one, the daemon forwards the event as [`super::Device::kick`], which wakes the
+//! engine through its waker. The control path wakes it that way when channels or QPs come and
+//! go, and for mediated posts.
 //!
 //! A kick buys one look, not a spin: an engine woken from its sleep that finds no work goes
 //! straight back to sleep (after the usual arm-and-re-check), and spins for `spin` only after
@@ -34,13 +38,17 @@ use super::exec::{self, Ctx};
 use super::iwarp;
 use super::mr::{EngineKeys, KeyTable};
 use super::objects::{lock, Channel, Qp};
-use super::waker::EngineWaker;
+use super::waker::{is_kick_token, kick_token, EngineWaker};
 
 /// Passes after two channels last did work in the same pass during which budgets stay small.
 pub(crate) const SHARED_PASSES: usize = 256;
 
 /// Idle passes between two looks at the clock while spinning.
 const CLOCK_PASSES: u32 = 64;
+
+/// Passes between two looks at the poller of an awake engine whose poller holds guests'
+/// event channels but no sockets.
+const KICK_POLL_PASSES: usize = 64;
 
 /// Longest sleep of an engine whose QP waits for a RECV at another engine's QP.
 pub(crate) const RNR_NAP: Duration = Duration::from_millis(1);
@@ -106,6 +114,8 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
     let mut idle_passes: u32 = 0;
     // Woken from a sleep (or just started) and no work found since: no spinning for that.
     let mut just_woke = true;
+    // Whether a channel's kick source (the guest's event channel) is in the poller.
+    let mut kick_sources = false;
     tracing::debug!(engine = me.idx, "engine started");
     while !me.stop.load(Ordering::Acquire) {
         let g = me.generation.load(Ordering::SeqCst);
@@ -120,9 +130,29 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
                 ranges.push(start..qps.len());
             }
             sockets.rebuild(&qps);
+            kick_sources = chans.iter().any(|c| c.kick_source.is_some());
+            // An event the poller reported before the channel was in the shared list found
+            // nobody to consume it (`fire_kicks`); on Xen that port then stays masked and no
+            // later notification would ever wake anyone. Every source is looked at once more
+            // (a read that finds nothing is cheap; a needless wake of a channel thread is
+            // harmless). The channel's opener bumps the generation after listing it.
+            for src in chans.iter().filter_map(|c| c.kick_source.as_ref()) {
+                src.fired();
+            }
         }
-        if !sockets.is_empty() {
-            sockets.poll_now(&mut poll, &mut events);
+        // While awake the engine looks at its poller without blocking: every pass when it
+        // has sockets, every `KICK_POLL_PASSES` when only guests' event channels are there
+        // (a control request or a frontend's death that arrives meanwhile is passed on to
+        // the daemon from here; the guest does not kick an engine that is awake).
+        let polled = if !sockets.is_empty() {
+            sockets.poll_now(&mut poll, &mut events)
+        } else if kick_sources && pass % KICK_POLL_PASSES == 0 {
+            poll.poll(&mut events, Some(Duration::ZERO)).is_ok()
+        } else {
+            false
+        };
+        if polled {
+            fire_kicks(&events, &shared);
         }
         let mut did = false;
         pass = pass.wrapping_add(1);
@@ -186,7 +216,10 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
             me.sleeps.fetch_add(1, Ordering::Relaxed);
             let timeout = nap.then_some(RNR_NAP);
             match poll.poll(&mut events, timeout) {
-                Ok(()) => sockets.dispatch(&events),
+                Ok(()) => {
+                    sockets.dispatch(&events);
+                    fire_kicks(&events, &shared);
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     tracing::error!(engine = me.idx, "engine poll failed: {e}");
@@ -203,4 +236,22 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
         just_woke = true;
     }
     tracing::debug!(engine = me.idx, "engine stopped");
+}
+
+/// Lets the channels whose kick sources `events` reported consume their events and pass on
+/// what was not a kick. The channels are looked up in the shared list, not in the engine's
+/// snapshot: a channel opened just now may have its event before the engine has seen it.
+fn fire_kicks(events: &Events, shared: &EngineShared) {
+    for ev in events.iter() {
+        if !is_kick_token(ev.token()) {
+            continue;
+        }
+        let src = lock(&shared.channels)
+            .iter()
+            .find(|c| kick_token(c.id) == ev.token())
+            .and_then(|c| c.kick_source.clone());
+        if let Some(src) = src {
+            src.fired();
+        }
+    }
 }

@@ -12,10 +12,13 @@
 //!
 //! * Channel: [`Device::open_channel`] with the channel's doorbell page and event-ring page
 //!   (backend-allocated, granted to the guest; the device initialises both) and a
-//!   [`Notifier`] that sends the channel's event. The daemon keeps the event channel: whenever
-//!   it fires, the daemon serves the control ring *and* calls [`Device::kick`], which wakes a
-//!   sleeping engine (the frontend only notifies when the doorbell page's sleep word says the
-//!   engine sleeps). [`Device::close_channel`] frees everything the channel held.
+//!   [`Notifier`] that sends the channel's event. The guest notifies the event channel for
+//!   control requests and to kick a sleeping engine (only when the doorbell page's sleep word
+//!   says the engine sleeps). With a [`ChannelSetup::kick_source`] the software device's engine
+//!   watches it itself ([`Device::takes_kicks`]) and hands the daemon, through
+//!   [`KickSource::fired`], what was not a kick; otherwise the daemon watches it, serves the
+//!   control ring *and* calls [`Device::kick`], which wakes a sleeping engine.
+//!   [`Device::close_channel`] frees everything the channel held.
 //! * Handles ([`PdId`], [`MrHandle`], [`CqId`], [`QpNum`]) are unique on this device and never 0;
 //!   every call checks that the handle belongs to the calling channel, so the daemon may hand
 //!   them to the guest as they are. QP numbers are the RC endpoint addresses of this backend.
@@ -180,6 +183,17 @@ impl<F: Fn() + Send + Sync> Notifier for F {
     }
 }
 
+/// A channel's event channel as an engine waits on it ([`ChannelSetup::kick_source`]): the
+/// file becomes readable when the guest notifies. Every event reported must reach
+/// [`KickSource::fired`]: on Xen a delivered port stays masked until it is read and unmasked,
+/// so an event nobody consumes silences every later notification of that channel.
+pub trait KickSource: std::os::fd::AsFd + Send + Sync {
+    /// The file became readable: consume the pending events (re-enabling their delivery) and
+    /// pass on to the daemon whatever was not a kick for the engine (control requests, the
+    /// frontend's death). Called on the engine thread: must not block.
+    fn fired(&self);
+}
+
 /// How the frontend posts and polls on a channel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ChannelMode {
@@ -204,6 +218,12 @@ pub struct ChannelSetup {
     /// Sends the channel's event.
     pub notifier: Arc<dyn Notifier>,
     pub mode: ChannelMode,
+    /// The guest's event channel, for the engine to wait on, or `None`. A device that takes
+    /// it ([`Device::takes_kicks`] says so once the channel is open) watches it itself, so
+    /// a guest's kick wakes the engine directly instead of through the daemon's channel
+    /// thread; the engine then consumes the events ([`KickSource::fired`]), and the daemon
+    /// stops watching the file and leaves it to the source to pass on what is not a kick.
+    pub kick_source: Option<Arc<dyn KickSource>>,
 }
 
 impl std::fmt::Debug for ChannelSetup {
@@ -213,6 +233,7 @@ impl std::fmt::Debug for ChannelSetup {
             .field("doorbell", &self.doorbell)
             .field("event_ring", &self.event_ring)
             .field("mode", &self.mode)
+            .field("kick_source", &self.kick_source.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -435,6 +456,11 @@ pub trait Device: Send + Sync {
     fn add_doorbell_page(&self, ch: ChannelId, page: SharedRegion) -> DeviceResult<u32>;
     /// The channel's event channel fired: wake the engine if it sleeps (cheap if it does not).
     fn kick(&self, ch: ChannelId);
+    /// Whether the engine of channel `ch` watches the channel's [`ChannelSetup::kick_source`]
+    /// itself (then the daemon leaves the event channel to it).
+    fn takes_kicks(&self, _ch: ChannelId) -> bool {
+        false
+    }
     /// Writes an async event into the channel's event ring and notifies. A full ring drops the
     /// event (counted); that is not an error.
     fn post_event(&self, ch: ChannelId, event: EventRepr) -> DeviceResult<()>;

@@ -136,6 +136,9 @@ pub(crate) struct Channel {
     /// QPs the engine serves (snapshot taken when `engine.generation` changes).
     pub(crate) qps: Mutex<Vec<Arc<Qp>>>,
     pub(crate) closed: AtomicBool,
+    /// The guest's event channel, registered with the engine's poller (bypass channels whose
+    /// daemon gave one); kept open here until the channel is closed and it is deregistered.
+    pub(crate) kick_source: Option<Arc<dyn super::KickSource>>,
 }
 
 impl Channel {
@@ -163,6 +166,7 @@ impl Channel {
             engine,
             qps: Mutex::new(Vec::new()),
             closed: AtomicBool::new(false),
+            kick_source: None,
         }
     }
 

@@ -26,8 +26,9 @@ use super::engine::{self, EngineShared};
 use super::mr::{KeyTable, Mr, NewMr};
 use super::objects::{lock, Channel, Cq, CqState, Doorbells, Qp};
 use super::stats::{ChanStats, Counters, Held};
-use super::waker::EngineWaker;
+use super::waker::{kick_token, EngineWaker};
 use super::*;
+use std::os::fd::{AsFd, AsRawFd};
 
 #[path = "cm.rs"]
 mod cm;
@@ -418,7 +419,7 @@ impl Device for SoftDevice {
         stats.acquire(Held::Channel);
         let engine = self.inner.engines[t.next_engine % self.inner.engines.len()].clone();
         t.next_engine = t.next_engine.wrapping_add(1);
-        let ch = Arc::new(Channel::new(
+        let mut ch = Channel::new(
             id,
             setup.domid,
             setup.mode,
@@ -428,7 +429,27 @@ impl Device for SoftDevice {
             setup.notifier,
             stats,
             engine.waker.clone(),
-        ));
+        );
+        // A bypass channel's engine wakes on the guest's event channel itself (mediated posts
+        // come over the control ring, whose thread wakes the engine anyway).
+        if setup.mode == ChannelMode::Bypass {
+            if let Some(src) = setup.kick_source {
+                let fd = src.as_fd().as_raw_fd();
+                match engine.registry.register(
+                    &mut mio::unix::SourceFd(&fd),
+                    kick_token(id),
+                    mio::Interest::READABLE,
+                ) {
+                    Ok(()) => ch.kick_source = Some(src),
+                    // Not fatal: the daemon's kicks still wake the engine.
+                    Err(e) => tracing::warn!(
+                        ch = id.0,
+                        "the engine cannot watch the channel's event channel ({e}); kicks go through the daemon"
+                    ),
+                }
+            }
+        }
+        let ch = Arc::new(ch);
         t.channels.insert(
             id,
             ChanEntry {
@@ -481,7 +502,14 @@ impl Device for SoftDevice {
         c.stats.release(Held::Channel);
         drop(t);
         lock(&c.qps).clear();
-        lock(&self.inner.engines[c.engine.idx].channels).retain(|x| x.id != ch);
+        let engine = &self.inner.engines[c.engine.idx];
+        lock(&engine.channels).retain(|x| x.id != ch);
+        if let Some(src) = &c.kick_source {
+            let fd = src.as_fd().as_raw_fd();
+            if let Err(e) = engine.registry.deregister(&mut mio::unix::SourceFd(&fd)) {
+                tracing::warn!(ch = ch.0, "deregistering the channel's event channel: {e}");
+            }
+        }
         c.engine.changed();
         for closed in listeners {
             cm::wait_closed(Some(closed));
@@ -508,6 +536,13 @@ impl Device for SoftDevice {
         if let Some(e) = t.channels.get(&ch) {
             e.ch.engine.wake();
         }
+    }
+
+    fn takes_kicks(&self, ch: ChannelId) -> bool {
+        self.tables()
+            .channels
+            .get(&ch)
+            .is_some_and(|e| e.ch.kick_source.is_some())
     }
 
     fn post_event(&self, ch: ChannelId, event: EventRepr) -> DeviceResult<()> {

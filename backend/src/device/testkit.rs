@@ -155,6 +155,17 @@ impl TestQp {
 impl TestChannel {
     /// Opens a channel of domain `domid` on plain memory.
     pub fn open(dev: &dyn Device, domid: u16, mode: ChannelMode) -> Self {
+        Self::open_with_kick_source(dev, domid, mode, None)
+    }
+
+    /// [`TestChannel::open`] with a [`ChannelSetup::kick_source`] (the test's stand-in for the
+    /// guest's event channel).
+    pub fn open_with_kick_source(
+        dev: &dyn Device,
+        domid: u16,
+        mode: ChannelMode,
+        kick_source: Option<Arc<dyn super::KickSource>>,
+    ) -> Self {
         let doorbell = SharedRegion::alloc(PAGE_SIZE).expect("memory");
         let event_page = SharedRegion::alloc(EVENT_RING_LEN).expect("memory");
         let notified = Arc::new(AtomicU64::new(0));
@@ -168,6 +179,7 @@ impl TestChannel {
                     n.fetch_add(1, Ordering::SeqCst);
                 }),
                 mode,
+                kick_source,
             })
             .expect("open channel");
         let db = DoorbellPage::open(doorbell.clone(), PROTOCOL_VERSION).expect("doorbell header");

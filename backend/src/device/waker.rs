@@ -9,6 +9,23 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use mio::{Poll, Token, Waker};
 
+use super::ChannelId;
+
+/// The bit that marks an engine poller's token as a channel's kick source (the guest's event
+/// channel, [`super::ChannelSetup::kick_source`]): QP sockets use their QP number (below
+/// 2^24), the waker token 0.
+const KICK_BIT: usize = 1 << (usize::BITS - 1);
+
+/// The token under which channel `ch`'s kick source is registered with its engine's poller.
+pub(crate) fn kick_token(ch: ChannelId) -> Token {
+    Token(KICK_BIT | ch.0 as usize)
+}
+
+/// Whether `t` is a channel's kick source (its event needs nothing but the wake-up itself).
+pub(crate) fn is_kick_token(t: Token) -> bool {
+    t.0 & KICK_BIT != 0
+}
+
 /// Wakes one engine thread and carries the flags it shares with the rest of the device.
 pub(crate) struct EngineWaker {
     /// The engine's index among the device's engines.

@@ -110,7 +110,10 @@ impl Sockets {
             let what = qp::Readiness::of(ev);
             match self.map.get(&ev.token()) {
                 Some(r) => r.mark(what),
-                None if ev.token() != mio::Token(0) && self.orphans.len() < MAX_ORPHANS => {
+                None if ev.token() != mio::Token(0)
+                    && !super::waker::is_kick_token(ev.token())
+                    && self.orphans.len() < MAX_ORPHANS =>
+                {
                     self.orphans.push((ev.token(), what));
                 }
                 None => {}
@@ -118,13 +121,16 @@ impl Sockets {
         }
     }
 
-    /// Looks for readiness without blocking (an engine that is spinning).
-    pub(crate) fn poll_now(&mut self, poll: &mut mio::Poll, events: &mut mio::Events) {
+    /// Looks for readiness without blocking (an engine that is spinning); `true` if it
+    /// polled (then `events` holds what it found, for the engine's other sources too).
+    pub(crate) fn poll_now(&mut self, poll: &mut mio::Poll, events: &mut mio::Events) -> bool {
         if std::mem::take(&mut self.fresh) {
-            return;
+            return false;
         }
         if poll.poll(events, Some(std::time::Duration::ZERO)).is_ok() {
             self.mark(events);
+            return true;
         }
+        false
     }
 }

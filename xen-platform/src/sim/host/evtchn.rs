@@ -118,9 +118,31 @@ pub(super) fn bind(
     Ok((Reply::Port { port }, vec![recv, send]))
 }
 
-/// Raises the event on one side of a channel.
+/// Raises the event on one side of a channel: as on Xen, nothing new while that side has an
+/// event it has not consumed (its port is masked; see [`masked`]).
 pub(super) fn signal(fd: &OwnedFd) {
-    let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+    if !masked(fd) {
+        let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+    }
+}
+
+/// Whether the receiving side of eventfd `fd` has an event it has not consumed. On Xen,
+/// `/dev/xen/evtchn` masks a port when it delivers its event and unmasks it only when the
+/// reader writes the port back (consumes it); a notification meanwhile only sets the pending
+/// bit and raises no new interrupt, so an edge-triggered poller hears nothing new until the
+/// event is consumed. The simulated host does the same: the sender leaves a readable eventfd
+/// alone (the unconsumed event already stands for the new one; Xen delivers that pending bit
+/// once more on unmask, which this model does not: readers consume before they look, as the
+/// platform's contract says).
+pub(crate) fn masked(fd: &impl std::os::fd::AsFd) -> bool {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let mut fds = [PollFd::new(fd, PollFlags::IN)];
+    let zero = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    matches!(poll(&mut fds, Some(&zero)), Ok(n) if n > 0)
+        && fds[0].revents().contains(PollFlags::IN)
 }
 
 /// `EvtchnUnbind`: close a port this connection bound.

@@ -44,6 +44,7 @@ use evtchn::Port;
 use grants::{Alloc, Grant, MapEntry};
 use serve::Listening;
 
+pub(crate) use evtchn::masked as evtchn_masked;
 pub use evtchn::MAX_PORTS_PER_DOMAIN;
 
 const ESRCH: i32 = 3;
