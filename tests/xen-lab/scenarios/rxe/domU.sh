@@ -18,7 +18,15 @@ start_guest() {
     mkfifo /tmp/g.in /tmp/g.out
     vrdma-guest < /tmp/g.in > /tmp/g.out 2>/tmp/g.err &
     GUEST=$!
-    exec 3>/tmp/g.in 4</tmp/g.out
+    # Opening a FIFO blocks until its other end opens; a SIGCHLD meanwhile makes busybox sh
+    # fail the redirection (EINTR) instead of retrying: open again (docs/xen-lab.md,
+    # "Scenarios"). `command` keeps a failed exec from ending the script.
+    n=0
+    while :; do
+        if { command exec 3>/tmp/g.in 4</tmp/g.out; } 2>/dev/null; then break; fi
+        n=$((n + 1))
+        [ $n -gt 20 ] && { echo "$NAME: cannot open vrdma-guest's pipes"; return 1; }
+    done
 }
 stop_guest() {
     echo exit >&3
@@ -41,7 +49,7 @@ remote_at() {
 K=65536
 round() {
     mode=$1
-    start_guest
+    start_guest || return 1
     cmd open "$mode" || return 1
     echo "$NAME: $mode channel: $REPLY"
     cmd cq c 64 && cmd qp q c c 64 64 || return 1
@@ -90,7 +98,7 @@ round() {
 # flight at once), SEND and RDMA WRITE between them, data verified. Here: labU1 after its peer
 # was killed, through the same backend.
 self_talk() {
-    start_guest
+    start_guest || return 1
     cmd open bypass && cmd cq c 64 && cmd qp a c c 64 64 || return 1
     EA=$REPLY
     cmd qp b c c 64 64 || return 1
@@ -120,7 +128,7 @@ wait_relay() {
 # released labU2's HCA objects (`rdma resource show`); labU1's QP must fail (its WRITEs reach a
 # QP that is gone: retries exhausted), and the backend must keep serving labU1 (self_talk).
 victim() {
-    start_guest
+    start_guest || return 1
     cmd open bypass && cmd cq c 64 && cmd qp q c c 64 64 || return 1
     EP=$REPLY
     cmd mr m 262144 || return 1
@@ -168,7 +176,7 @@ restart() {
         i=$((i+1)); [ $i -gt 1200 ] && { echo "$NAME: dom0 never checked the reclaim"; return 1; }
         sleep 0.1
     done
-    start_guest
+    start_guest || return 1
     cmd open bypass && cmd cq c 64 && cmd qp q c c 64 64 || return 1
     EP=$REPLY
     cmd mr m 262144 || return 1

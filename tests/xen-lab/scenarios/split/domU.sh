@@ -16,7 +16,16 @@ start_guest() {
     mkfifo /tmp/g.in /tmp/g.out
     vrdma-guest < /tmp/g.in > /tmp/g.out 2>/tmp/g.err &
     GUEST=$!
-    exec 3>/tmp/g.in 4</tmp/g.out
+    # Opening a FIFO blocks until its other end opens. A SIGCHLD meanwhile (the echo of a
+    # background pipeline ending, as in churn) interrupts it, and busybox sh then fails the
+    # redirection ("can't open /tmp/g.out: Interrupted system call") instead of retrying:
+    # open again. `command` keeps a failed exec from ending the script.
+    n=0
+    while :; do
+        if { command exec 3>/tmp/g.in 4</tmp/g.out; } 2>/dev/null; then break; fi
+        n=$((n + 1))
+        [ $n -gt 20 ] && { echo "$NAME: cannot open vrdma-guest's pipes"; return 1; }
+    done
 }
 stop_guest() {
     echo exit >&3
@@ -39,7 +48,7 @@ remote_at() {
 K=65536
 round() {
     mode=$1
-    start_guest
+    start_guest || return 1
     cmd open "$mode" || return 1
     echo "$NAME: $mode channel: $REPLY"
     cmd cq c 64 && cmd qp q c c 64 64 || return 1
@@ -87,7 +96,7 @@ round() {
 # A guest talking to itself: two QPs of one process connected to each other (both Connects in
 # flight at once), SEND and RDMA WRITE between them, data verified.
 self_talk() {
-    start_guest
+    start_guest || return 1
     cmd open bypass && cmd cq c 64 && cmd qp a c c 64 64 || return 1
     EA=$REPLY
     cmd qp b c c 64 64 || return 1
@@ -106,7 +115,7 @@ self_talk() {
 # A guest process killed while it holds a channel, a PD, an MR, a CQ and a QP: the backend must
 # reclaim everything (dom0 checks the counters with vrdmactl and tells us via /lab/reclaimed).
 killed_process() {
-    start_guest
+    start_guest || return 1
     cmd open bypass && cmd cq c 64 && cmd qp q c c 64 64 && cmd mr m 262144 || return 1
     xenstore-write data/vrdma-holding 1
     kill -9 $GUEST
@@ -151,7 +160,7 @@ restart() {
         i=$((i+1)); [ $i -gt 1200 ] && { echo "$NAME: dom0 never checked the reclaim"; return 1; }
         sleep 0.1
     done
-    start_guest
+    start_guest || return 1
     cmd open bypass && cmd cq c 64 && cmd qp q c c 64 64 || return 1
     EP=$REPLY
     cmd mr m 262144 || return 1
@@ -206,7 +215,7 @@ restart() {
 churn() {
     echo "cycle 25 mediated" | vrdma-guest > /tmp/cycle2.out 2>/tmp/cycle2.err &
     C2=$!
-    start_guest
+    start_guest || { wait $C2; return 1; }
     cmd cycle 25 bypass || { stop_guest; wait $C2; return 1; }
     stop_guest
     wait $C2
