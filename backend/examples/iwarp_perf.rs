@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use shared_ring::abi::control::{access, QpState};
 use shared_ring::abi::cqe::CqeStatus;
 use shared_ring::abi::wqe::WqeOpcode;
-use vrdma_backend::device::iwarp::{Established, Role, Rtr};
+use vrdma_backend::device::iwarp::{Established, Role, Rtr, DEFAULT_PEER_PROBE};
 use vrdma_backend::device::testkit::{wqe, TestChannel, TestCq, TestQp};
 use vrdma_backend::device::{ChannelMode, Device, EngineConfig, SoftDevice};
 
@@ -72,6 +72,7 @@ fn est(stream: TcpStream, role: Role) -> Established {
         ord: 16,
         rtr: Rtr::Write,
         peer_private: Vec::new(),
+        peer_probe: DEFAULT_PEER_PROBE,
     }
 }
 

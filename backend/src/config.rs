@@ -31,12 +31,16 @@
 //! connect-timeout-ms = 10000  # a connect without an answer is unreachable after this
 //! crc = "offer"               # MPA CRC: "offer" (ask, accept a peer that declines),
 //!                             # "require" (refuse peers without it), "decline" (siw's default)
+//! peer-probe-s = 10           # an iWARP stream idle this long probes its peer host (TCP
+//!                             # keepalive every peer-probe-s/4, user timeout 2 × peer-probe-s):
+//!                             # a dead peer is noticed ~2 × this later; 4..=3600
 //! # allowed-ports = [4791, "18515-18520"]      # ports a domain may listen on (default: any
 //! #                                            # port from 1024 up)
 //! # allowed-peers = ["127.0.0.0/8", "fd00::/8"] # addresses a domain may connect to and
 //! #                                            # accept from (default: any)
 //!
-//! [cm.domain.7]               # domain 7: any [cm] key but the timeout, overriding [cm]
+//! [cm.domain.7]               # domain 7: max-listeners, max-connects, allowed-ports and
+//!                             # allowed-peers, overriding [cm]
 //! allowed-ports = ["5000-5009"]
 //! ```
 
@@ -143,6 +147,11 @@ pub struct CmSettings {
     pub connect_timeout_ms: u64,
     /// MPA CRC policy of connections to and from other hosts.
     pub crc: MpaCrc,
+    /// Seconds an iWARP stream to another host may be silent before its peer is probed
+    /// (TCP keepalive, then every quarter of it, four probes; the user timeout for
+    /// unacknowledged bytes is twice it): a peer host that died without a FIN or RST is
+    /// noticed about twice this later.
+    pub peer_probe_s: u64,
     /// Ports a domain may listen on (single ports or `"lo-hi"` ranges); absent: any port
     /// from 1024 up (ports below 1024 only when listed).
     pub allowed_ports: Option<Vec<PortRange>>,
@@ -160,12 +169,23 @@ impl Default for CmSettings {
             max_connects: 16,
             connect_timeout_ms: 10_000,
             crc: MpaCrc::Offer,
+            peer_probe_s: DEFAULT_PEER_PROBE_S,
             allowed_ports: None,
             allowed_peers: None,
             domain: BTreeMap::new(),
         }
     }
 }
+
+/// `[cm] peer-probe-s` when the file has none (the data path's own default).
+pub const DEFAULT_PEER_PROBE_S: u64 = 10;
+
+/// Shortest `[cm] peer-probe-s`: the probes are a quarter of it apart, and TCP counts that
+/// interval in whole seconds (at least 1).
+pub const MIN_PEER_PROBE_S: u64 = 4;
+
+/// Longest `[cm] peer-probe-s` (one hour).
+pub const MAX_PEER_PROBE_S: u64 = 3600;
 
 /// `[cm] crc`: the MPA CRC policy (see [`crate::device::CrcPolicy`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -253,6 +273,11 @@ impl CmSettings {
         Duration::from_millis(self.connect_timeout_ms)
     }
 
+    /// The idle time before a silent peer host is probed.
+    pub fn peer_probe(&self) -> Duration {
+        Duration::from_secs(self.peer_probe_s)
+    }
+
     fn validate(&self) -> Result<(), String> {
         for key in self.domain.keys() {
             if key.parse::<u16>().is_err() {
@@ -263,6 +288,13 @@ impl CmSettings {
         }
         if self.connect_timeout_ms == 0 || self.connect_timeout_ms > 3_600_000 {
             return Err("[cm] connect-timeout-ms must be between 1 and 3600000 (1 h)".into());
+        }
+        if !(MIN_PEER_PROBE_S..=MAX_PEER_PROBE_S).contains(&self.peer_probe_s) {
+            return Err(format!(
+                "[cm] peer-probe-s must be between {MIN_PEER_PROBE_S} and {MAX_PEER_PROBE_S} \
+                 seconds (the keepalive probes are a quarter of it apart, at least 1 s), not {}",
+                self.peer_probe_s
+            ));
         }
         Ok(())
     }
@@ -615,6 +647,7 @@ impl Config {
             addrs,
             crc: self.cm.crc.into(),
             connect_timeout: self.cm.connect_timeout(),
+            peer_probe: self.cm.peer_probe(),
             peer_filter: Some(std::sync::Arc::new(move |dom, peer| {
                 policy.peer_allowed(u32::from(dom.0), peer.ip())
             })),
@@ -749,6 +782,47 @@ mod tests {
         // The file round-trips through its own serialisation.
         let again = Config::parse(&toml::to_string(&c).unwrap(), "t2").unwrap();
         assert_eq!(again, c);
+    }
+
+    /// `[cm] peer-probe-s`: the data path's 10 s unless set, carried to the device's
+    /// connection manager; values TCP cannot take are refused with the key and the range.
+    #[test]
+    fn cm_peer_probe_is_configurable_and_checked() {
+        let policy =
+            |c: &Config| std::sync::Arc::new(crate::control::policy::CmPolicy::new(c.cm.clone()));
+        let d = Config::default();
+        let dev = d.cm_device_config(vec![], policy(&d));
+        assert_eq!(dev.peer_probe, Duration::from_secs(DEFAULT_PEER_PROBE_S));
+        assert_eq!(
+            dev.peer_probe,
+            crate::device::CmConfig::default().peer_probe
+        );
+        let c = Config::parse("[cm]\npeer-probe-s = 30\n", "t").unwrap();
+        assert_eq!(c.cm.peer_probe_s, 30);
+        let dev = c.cm_device_config(vec![], policy(&c));
+        assert_eq!(dev.peer_probe, Duration::from_secs(30));
+        for edge in [MIN_PEER_PROBE_S, MAX_PEER_PROBE_S] {
+            let text = format!("[cm]\npeer-probe-s = {edge}\n");
+            assert_eq!(Config::parse(&text, "t").unwrap().cm.peer_probe_s, edge);
+        }
+        for bad in ["0", "3", "3601", "100000"] {
+            let text = format!("[cm]\npeer-probe-s = {bad}\n");
+            let e = Config::parse(&text, "f.toml").unwrap_err().to_string();
+            assert!(
+                e.contains("f.toml")
+                    && e.contains("peer-probe-s must be between 4 and 3600")
+                    && e.contains(&format!("not {bad}")),
+                "{bad}: {e}"
+            );
+        }
+        for (text, needle) in [
+            ("[cm]\npeer-probe-s = -1\n", "peer-probe-s"),
+            ("[cm]\npeer-probe-s = \"10s\"\n", "peer-probe-s"),
+            ("[cm.domain.7]\npeer-probe-s = 30\n", "peer-probe-s"),
+        ] {
+            let e = Config::parse(text, "f.toml").unwrap_err().to_string();
+            assert!(e.contains(needle), "{text}: {e}");
+        }
     }
 
     #[test]

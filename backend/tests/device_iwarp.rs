@@ -11,7 +11,7 @@ use shared_ring::abi::control::{access, QpState};
 use shared_ring::abi::cqe::{CqeOpcode, CqeRepr, CqeStatus};
 use shared_ring::abi::event::EventKind;
 use shared_ring::abi::wqe::{Sge, WqeOpcode, WqeRepr};
-use vrdma_backend::device::iwarp::{Established, Role, Rtr};
+use vrdma_backend::device::iwarp::{Established, Role, Rtr, DEFAULT_PEER_PROBE};
 use vrdma_backend::device::testkit::{wqe, TestChannel, TestCq, TestMr, TestQp, HANG};
 use vrdma_backend::device::{ChannelMode, Device, EngineConfig, SoftDevice};
 
@@ -111,6 +111,7 @@ fn est(stream: TcpStream, role: Role, crc: bool, rtr: Rtr, ord: u16) -> Establis
         ord,
         rtr,
         peer_private: Vec::new(),
+        peer_probe: DEFAULT_PEER_PROBE,
     }
 }
 

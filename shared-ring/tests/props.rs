@@ -378,3 +378,34 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// `SharedRegion::crc32c_append` over any run of shared bytes — any start alignment, any
+    /// length, any seed — is the `crc32c` crate's CRC of the same bytes, whichever path the
+    /// CPU takes (the three-way `crc32` rounds and their joins, or the table).
+    #[test]
+    fn crc32c_append_is_the_crc32c_crates(
+        seed in any::<u32>(),
+        off in 0usize..96,
+        len in prop_oneof![0usize..1100, 0usize..(if cfg!(miri) { 2048 } else { 70_000 })],
+        fill in any::<u64>(),
+    ) {
+        // Regions are page-aligned and a multiple of 4 bytes long: `off` gives every start
+        // alignment.
+        let r = SharedRegion::alloc((off + len + 4) & !3).unwrap();
+        let mut x = fill | 1;
+        let data: Vec<u8> = (0..off + len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        r.write_bytes(0, &data).unwrap();
+        let want = crc32c::crc32c_append(seed, &data[off..]);
+        prop_assert_eq!(r.crc32c_append(seed, off, len).unwrap(), want);
+    }
+}

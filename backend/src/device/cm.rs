@@ -47,6 +47,10 @@ pub struct CmConfig {
     /// 0x3fff).
     pub max_ird: u16,
     pub max_ord: u16,
+    /// Idle time before the data path probes a silent peer host (TCP keepalive; the user
+    /// timeout is twice it): a peer that died without a FIN or RST is noticed about
+    /// `2 × peer_probe` later.
+    pub peer_probe: Duration,
 }
 
 impl Default for CmConfig {
@@ -58,6 +62,7 @@ impl Default for CmConfig {
             peer_filter: None,
             max_ird: 16,
             max_ord: 16,
+            peer_probe: super::super::iwarp::qp::DEFAULT_PEER_PROBE,
         }
     }
 }
@@ -78,6 +83,7 @@ impl std::fmt::Debug for CmConfig {
             .field("peer_filter", &self.peer_filter.is_some())
             .field("max_ird", &self.max_ird)
             .field("max_ord", &self.max_ord)
+            .field("peer_probe", &self.peer_probe)
             .finish()
     }
 }
@@ -212,6 +218,7 @@ impl SoftDevice {
             max_ird: config.max_ird.min(iwarp_proto::mpa::MAX_IRD_ORD),
             max_ord: config.max_ord.min(iwarp_proto::mpa::MAX_IRD_ORD),
             timeout: config.connect_timeout,
+            peer_probe: config.peer_probe,
         };
         let tcp = TcpCm::start(policy, Arc::new(Sink(Arc::downgrade(&self.inner))))?;
         if self.inner.cm.set(CmRuntime { config, tcp }).is_err() {

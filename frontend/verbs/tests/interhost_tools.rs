@@ -9,7 +9,7 @@
 //!   server RDMA-READs each from the client and RDMA-WRITEs it back, the client checks it);
 //! - Debian's perftest `ib_{send,write,read}_{lat,bw} -R` (rdma_cm), server on A, client on
 //!   B: both ends finish, use rdma_cm, name each other's QP and print their result rows;
-//!   with `-a` (every size up to 8 MiB) for the three bandwidth tools.
+//!   and each of the six with `-a` (every size up to 8 MiB).
 //!
 //! Needs `rdmacm-utils` and `perftest`; without them the tests fail saying what to install,
 //! unless `VRDMA_SKIP_VERBS_TOOLS=1`.
@@ -247,10 +247,27 @@ fn perftest_read_bw_across_hosts() {
     perftest_across("ib_read_bw", &[]);
 }
 
-/// `-a`: every size from 2 B to 8 MiB, 5 iterations each.
-/// `-a`: every size from 2 B to 8 MiB, 5 iterations each. The bandwidth tools only: the
-/// latency tools' `-a` takes ~50 s each here (a synchronisation per size on a loaded 2-core
-/// machine); they run `-a` on one host (`tools.rs`), and their 2 B rows across hosts above.
+/// `-a`: every size from 2 B to 8 MiB, 5 iterations each. The latency tools take 25–35 s
+/// each here, none of it waiting in the data path: perftest calibrates the CPU clock twice
+/// per size (`get_cpu_mhz`, 219 ms of busy-waiting each: 10.1 s per run on any device,
+/// stretched on a loaded 2-core machine), and each message hop may wait for a 4 ms scheduler
+/// tick while both ends busy-poll (docs/benchmarks.md, "Perftest's latency tools with `-a`
+/// across hosts").
+#[test]
+fn perftest_send_lat_all_sizes_across_hosts() {
+    perftest_across("ib_send_lat", &["-a"]);
+}
+
+#[test]
+fn perftest_write_lat_all_sizes_across_hosts() {
+    perftest_across("ib_write_lat", &["-a"]);
+}
+
+#[test]
+fn perftest_read_lat_all_sizes_across_hosts() {
+    perftest_across("ib_read_lat", &["-a"]);
+}
+
 #[test]
 fn perftest_send_bw_all_sizes_across_hosts() {
     perftest_across("ib_send_bw", &["-a"]);

@@ -27,6 +27,7 @@ fn est(stream: TcpStream, role: Role) -> Established {
         ord: 8,
         rtr: Rtr::Write,
         peer_private: Vec::new(),
+        peer_probe: super::qp::DEFAULT_PEER_PROBE,
     }
 }
 
@@ -106,4 +107,37 @@ fn a_responder_whose_engine_read_the_rtr_during_attach_stays_in_rts_and_sends() 
         (7, CqeOpcode::Recv, CqeStatus::Success, 1)
     );
     assert_eq!(ma.read(0, 1), [0x5a]);
+}
+
+/// `[cm] peer-probe-s` reaches the socket the data path runs: after `attach_stream` with a
+/// probe of 60 s, the stream's TCP keepalive starts after 60 s of silence, probes every 15 s,
+/// four times, and unacknowledged bytes time out after 120 s (read back through a duplicate
+/// of the socket's descriptor). The old code had a fixed 10 s whatever the configuration.
+#[test]
+fn the_configured_peer_probe_sets_the_streams_keepalive_and_user_timeout() {
+    let dev = SoftDevice::new(EngineConfig::default()).expect("device");
+    let mut ch = TestChannel::open(&dev, 1, ChannelMode::Bypass);
+    let cq = ch.cq(&dev, 8);
+    let q = ch.qp(&dev, &cq, &cq, 4);
+    let l = TcpListener::bind("127.0.0.1:0").expect("listen");
+    let client =
+        TcpStream::connect_timeout(&l.local_addr().expect("addr"), IO_TIMEOUT).expect("connect");
+    let (_server, _) = l.accept().expect("accept");
+    let probe = Duration::from_secs(60);
+    let seen = client.try_clone().expect("dup");
+    let mut e = est(client, Role::Initiator);
+    e.peer_probe = probe;
+    dev.attach_stream(ch.id, q.num, e).expect("attach");
+    let s = socket2::SockRef::from(&seen);
+    assert!(s.keepalive().expect("SO_KEEPALIVE"), "keepalive is on");
+    assert_eq!(s.tcp_keepalive_time().expect("TCP_KEEPIDLE"), probe);
+    assert_eq!(
+        s.tcp_keepalive_interval().expect("TCP_KEEPINTVL"),
+        probe / 4
+    );
+    assert_eq!(s.tcp_keepalive_retries().expect("TCP_KEEPCNT"), 4);
+    assert_eq!(
+        s.tcp_user_timeout().expect("TCP_USER_TIMEOUT"),
+        Some(probe * 2)
+    );
 }

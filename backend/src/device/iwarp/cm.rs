@@ -61,6 +61,9 @@ pub(crate) struct MpaPolicy {
     pub max_ord: u16,
     /// Deadline of a TCP connect + MPA exchange, of an incoming request and of a reply.
     pub timeout: Duration,
+    /// What the data path's keepalive and user timeout are derived from (handed over in
+    /// [`Established::peer_probe`]).
+    pub peer_probe: Duration,
 }
 
 /// What the engine reports.
@@ -562,7 +565,7 @@ impl Engine {
             }
             Step::Established(p) => {
                 let Some(c) = self.close(conn) else { return };
-                match c.into_established(p) {
+                match c.into_established(p, self.policy.peer_probe) {
                     Ok(est) => self.report(Upcall::Established { conn, est }),
                     Err(e) => {
                         tracing::debug!(conn, "handing over the stream: {e}");
@@ -665,7 +668,7 @@ impl Conn {
             .unwrap_or_default()
     }
 
-    fn into_established(self, p: EstParams) -> io::Result<Established> {
+    fn into_established(self, p: EstParams, peer_probe: Duration) -> io::Result<Established> {
         let stream = self.stream;
         stream.set_nonblocking(false)?;
         let local = stream.local_addr()?;
@@ -680,6 +683,7 @@ impl Conn {
             local,
             peer,
             peer_private: p.peer_private,
+            peer_probe,
         })
     }
 

@@ -31,6 +31,7 @@ fn policy(crc: CrcPolicy) -> MpaPolicy {
         max_ird: 8,
         max_ord: 4,
         timeout: Duration::from_secs(5),
+        peer_probe: super::qp::DEFAULT_PEER_PROBE,
     }
 }
 
@@ -55,12 +56,16 @@ fn next(rx: &Receiver<Upcall>) -> Upcall {
     rx.recv_timeout(WAIT).expect("an upcall in time")
 }
 
+/// B's `[cm] peer-probe-s` in [`handshake`] (A has the default).
+const B_PEER_PROBE: Duration = Duration::from_secs(42);
+
 /// Engine A connects to engine B's listener with private data; B accepts with its own.
 fn handshake(ia: CrcPolicy, ib: CrcPolicy, accept: bool) -> (Upcall, Upcall) {
     let (a, arx) = engine(policy(ia));
     let (b, brx) = engine(MpaPolicy {
         max_ird: 2,
         max_ord: 16,
+        peer_probe: B_PEER_PROBE,
         ..policy(ib)
     });
     let addr = listen(&b, B, 7);
@@ -120,6 +125,11 @@ fn vrdma_to_vrdma_handshake_carries_private_data_both_ways() {
     assert_eq!(ea.local, eb.peer);
     assert_eq!(ea.peer, eb.local);
     assert_eq!(ea.local.ip(), A, "A connects from its device address");
+    // Each end hands its own peer-probe setting to the data path.
+    assert_eq!(
+        (ea.peer_probe, eb.peer_probe),
+        (super::qp::DEFAULT_PEER_PROBE, B_PEER_PROBE)
+    );
     // The streams are in Full Operation, nothing read past the frames, blocking.
     ea.stream.write_all(b"fpdu").unwrap();
     eb.stream

@@ -20,6 +20,7 @@ pub(crate) mod qp;
 mod rx;
 mod tx;
 
+pub use qp::DEFAULT_PEER_PROBE;
 pub(crate) use qp::{has_work, process, RemoteQp};
 
 pub use cm::CrcPolicy;
@@ -60,6 +61,9 @@ pub struct Established {
     pub peer: SocketAddr,
     /// The peer's private data (after the enhanced IRD/ORD word, if any).
     pub peer_private: Vec<u8>,
+    /// Idle time before a silent peer is probed (`[cm] peer-probe-s`; see
+    /// [`DEFAULT_PEER_PROBE`]).
+    pub peer_probe: std::time::Duration,
 }
 
 /// The sockets of an engine's remote QPs, by their `mio` token (the QP number): readiness

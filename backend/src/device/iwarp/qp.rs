@@ -152,8 +152,22 @@ impl RemoteQp {
     }
 }
 
-/// Idle time before a silent peer is probed (a dead one is noticed about twice this later).
-const PEER_PROBE: std::time::Duration = std::time::Duration::from_secs(10);
+/// Idle time before a silent peer is probed, unless `[cm] peer-probe-s` says otherwise (a
+/// dead one is noticed about twice this later).
+pub const DEFAULT_PEER_PROBE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The keepalive of a stream whose peer is probed after `probe` of silence: then every
+/// quarter of it, four times (a peer that never answers is declared dead about `2 × probe`
+/// after the stream went quiet); and the user timeout for unacknowledged bytes, `2 × probe`.
+pub(crate) fn keepalive_of(
+    probe: std::time::Duration,
+) -> (socket2::TcpKeepalive, std::time::Duration) {
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(probe)
+        .with_interval(probe / 4)
+        .with_retries(4);
+    (ka, probe * 2)
+}
 
 /// Takes over an established stream for `qp`: non-blocking, `TCP_NODELAY`, FPDUs sized to the
 /// MSS, registered with the owning engine's poller; the initiator's RTR is queued as the
@@ -171,13 +185,10 @@ pub(crate) fn attach(
     let mss = sref.tcp_mss().unwrap_or(1460) as usize;
     // A peer host that dies without a FIN or RST: keepalive probes notice an idle stream,
     // the user timeout one with unacknowledged bytes; either ends in a socket error.
-    let probe = socket2::TcpKeepalive::new()
-        .with_time(PEER_PROBE)
-        .with_interval(PEER_PROBE / 4)
-        .with_retries(4);
+    let (probe, user_timeout) = keepalive_of(est.peer_probe);
     if let Err(e) = sref
         .set_tcp_keepalive(&probe)
-        .and_then(|()| sref.set_tcp_user_timeout(Some(PEER_PROBE * 2)))
+        .and_then(|()| sref.set_tcp_user_timeout(Some(user_timeout)))
     {
         tracing::debug!(qp = qp.num.0, "keepalive not set: {e}");
     }
