@@ -316,6 +316,27 @@ fn dereg_mr_revokes_the_rkey_at_once_and_app_memory_works() {
     }
 }
 
+/// `tests/c/cq_lock_check.c`: two threads create and destroy QPs on the same two CQs with
+/// send and receive CQ swapped (1000 rounds each, two more threads polling the CQs). `ibv_create_qp` holds both CQs' locks
+/// while the backend creates the QP; until 2026-11-24 it took them in argument order, and
+/// the two threads deadlocked (the helper's alarm ends a hung run with "hung").
+#[test]
+fn qps_created_on_two_cqs_in_both_orders_do_not_deadlock() {
+    if !have("gcc", "gcc") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = build_c_with(tmp.path(), "cq_lock_check", &["-pthread", "-libverbs"]);
+    let mut lab = Lab::start(None).expect("start the simulated host and the backend");
+    let d = lab.create_guest("cq-lock").expect("guest");
+    let exe = exe.display().to_string();
+    let (ok, out, err) = exec_in(&lab, d, &[&exe]).finish(Duration::from_secs(180));
+    assert!(
+        ok && out.contains("both threads finished 1000 rounds"),
+        "cq_lock_check failed:\n{out}\n{err}"
+    );
+}
+
 /// `tests/c/cm_accept_check.c`: a server that destroys its listening id right after
 /// `rdma_accept` (perftest `-R` does, in `rdma_server_connect`) still gets its connection:
 /// `rdma_accept` returns once the backend has established it (its `ESTABLISHED` is queued
@@ -425,7 +446,7 @@ fn destroying_an_id_while_it_connects_leaves_no_thread_behind() {
 }
 
 /// An acceptor whose peer disconnects as soon as it is established gets `ESTABLISHED` then
-/// `DISCONNECTED`, as with rdma_cm (`cm_race_check` `quick`, 100 rounds). Until 2026-11-24 its
+/// `DISCONNECTED`, as with rdma_cm (`cm_race_check` `quick`, 200 rounds). Until 2026-11-24 its
 /// `rdma_accept` could end in `CONNECT_ERROR`: the connection's info query failed once the
 /// connection was gone.
 #[test]
@@ -437,7 +458,7 @@ fn an_acceptor_whose_peer_disconnects_at_once_sees_established_then_disconnected
     // cores (this process runs the backend) make it preempted there more often. They stop
     // with the test.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let spinners: Vec<_> = (0..4)
+    let spinners: Vec<_> = (0..2)
         .map(|_| {
             let stop = stop.clone();
             std::thread::spawn(move || {
@@ -447,14 +468,14 @@ fn an_acceptor_whose_peer_disconnects_at_once_sees_established_then_disconnected
             })
         })
         .collect();
-    let out = std::panic::catch_unwind(|| cm_race("expect", "quick", 100));
+    let out = std::panic::catch_unwind(|| cm_race("expect", "quick", 200));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for t in spinners {
         t.join().unwrap();
     }
     let out = out.unwrap_or_else(|e| std::panic::resume_unwind(e));
-    assert!(out.contains("server: 0 of 100 rounds wrong"), "{out}");
-    assert!(out.contains("client: 0 of 100 rounds wrong"), "{out}");
+    assert!(out.contains("server: 0 of 200 rounds wrong"), "{out}");
+    assert!(out.contains("client: 0 of 200 rounds wrong"), "{out}");
 }
 
 /// Debian's `rping` (librdmacm's rdma_cm API: listen, resolve, connect, accept, disconnect)
