@@ -17,13 +17,14 @@
 //! case they print loudly that they did not run.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use vrdma_demo::lab::Lab;
 
 mod common;
-use common::{exec_in, free_port, have, listening, perftest_qpns, rping_client_then_check};
+use common::{
+    build_c_with, exec_in, free_port, have, listening, perftest_qpns, rping_client_then_check,
+};
 
 #[test]
 fn ibv_devinfo_lists_the_vrdma_device_with_an_active_port() {
@@ -262,28 +263,6 @@ fn build_c(dir: &Path, name: &str) -> PathBuf {
     build_c_with(dir, name, &["-libverbs"])
 }
 
-/// [`build_c`] linking `libs`.
-fn build_c_with(dir: &Path, name: &str, libs: &[&str]) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
-    let exe = dir.join(name);
-    let out = Command::new("gcc")
-        .args(["-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .args(libs)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("VERBS C TEST CANNOT RUN: gcc: {e} (apt-get install gcc libibverbs-dev)")
-        });
-    assert!(
-        out.status.success(),
-        "VERBS C TEST CANNOT RUN: compiling {} failed (libibverbs-dev installed?):\n{}",
-        src.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    exe
-}
-
 #[test]
 fn dereg_mr_revokes_the_rkey_at_once_and_app_memory_works() {
     if !have("gcc", "gcc") {
@@ -400,82 +379,6 @@ fn cm_accept_check(extra: &[&str]) -> String {
         "{both}"
     );
     both
-}
-
-/// Runs `tests/c/cm_race_check.c`: `server ADDR PORT rounds server_mode` in one guest,
-/// `client_mode ADDR PORT rounds` in another; both must exit 0. Returns both outputs.
-fn cm_race(server_mode: &str, client_mode: &str, rounds: u32) -> String {
-    let tmp = tempfile::tempdir().unwrap();
-    let exe = build_c_with(tmp.path(), "cm_race_check", &["-lrdmacm", "-libverbs"]);
-    let exe = exe.display().to_string();
-    let mut lab = Lab::start(None).expect("start the simulated host and the backend");
-    let a = lab.create_guest("race-server").expect("guest a");
-    let b = lab.create_guest("race-client").expect("guest b");
-    let port = free_port().to_string();
-    let n = rounds.to_string();
-    let mut server = exec_in(
-        &lab,
-        a,
-        &[&exe, "server", "127.0.0.1", &port, &n, server_mode],
-    );
-    common::wait_listening(&port, &mut server, "cm_race_check");
-    let (cok, cout, cerr) = exec_in(&lab, b, &[&exe, client_mode, "127.0.0.1", &port, &n])
-        .finish(Duration::from_secs(300));
-    let (sok, sout, serr) = server.finish(Duration::from_secs(60));
-    let both = format!("--- server:\n{sout}\n{serr}\n--- client:\n{cout}\n{cerr}");
-    assert!(
-        sok && cok,
-        "cm_race_check {server_mode}/{client_mode} failed:\n{both}"
-    );
-    both
-}
-
-/// `rdma_destroy_id` while the id's connection is being set up (`tests/c/cm_race_check.c`
-/// `destroy`, 150 rounds, the destroy swept across the connect thread's last steps, the
-/// server disconnecting at once): no destroyed id gets an event afterwards, and nothing
-/// crashes. Until 2026-11-24 the connect thread could start the id's disconnection thread
-/// after `rdma_destroy_id` had collected the id's threads: that thread outlived the id and
-/// queued `DISCONNECTED` for (read the channel of) the freed id.
-#[test]
-fn destroying_an_id_while_it_connects_leaves_no_thread_behind() {
-    if !have("gcc", "gcc") {
-        return;
-    }
-    let out = cm_race("drop", "destroy", 150);
-    assert!(out.contains("client: 0 events of destroyed ids"), "{out}");
-}
-
-/// An acceptor whose peer disconnects as soon as it is established gets `ESTABLISHED` then
-/// `DISCONNECTED`, as with rdma_cm (`cm_race_check` `quick`, 200 rounds). Until 2026-11-24 its
-/// `rdma_accept` could end in `CONNECT_ERROR`: the connection's info query failed once the
-/// connection was gone.
-#[test]
-fn an_acceptor_whose_peer_disconnects_at_once_sees_established_then_disconnected() {
-    if !have("gcc", "gcc") {
-        return;
-    }
-    // The race is between the backend telling the two ends: busy threads competing for the
-    // cores (this process runs the backend) make it preempted there more often. They stop
-    // with the test.
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let spinners: Vec<_> = (0..2)
-        .map(|_| {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    std::hint::spin_loop();
-                }
-            })
-        })
-        .collect();
-    let out = std::panic::catch_unwind(|| cm_race("expect", "quick", 200));
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    for t in spinners {
-        t.join().unwrap();
-    }
-    let out = out.unwrap_or_else(|e| std::panic::resume_unwind(e));
-    assert!(out.contains("server: 0 of 200 rounds wrong"), "{out}");
-    assert!(out.contains("client: 0 of 200 rounds wrong"), "{out}");
 }
 
 /// Debian's `rping` (librdmacm's rdma_cm API: listen, resolve, connect, accept, disconnect)
