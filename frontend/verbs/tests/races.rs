@@ -1,8 +1,9 @@
-//! rdma_cm races through the library, many rounds each (`tests/c/cm_race_check.c`, librdmacm's
-//! API, in two guests of a simulated host): an id destroyed while it connects, and an
-//! acceptor whose peer disconnects as soon as it is established. A test binary of their own:
-//! the second runs busy threads, which would disturb timing-sensitive tests (perftest's
-//! cycle calibration) running beside it in one process.
+//! Races through the library, many rounds each, in guests of a simulated host: rdma_cm
+//! (`tests/c/cm_race_check.c`, librdmacm's API: an id destroyed while it connects, an
+//! acceptor whose peer disconnects as soon as it is established) and the CQ locks of
+//! `ibv_create_qp` (`tests/c/cq_lock_check.c`). A test binary of their own: they run busy
+//! threads, which would disturb timing-sensitive tests (perftest's cycle calibration)
+//! running beside them in one process.
 //!
 //! Needs `gcc`, `libibverbs-dev`, `librdmacm-dev` (scripts/host-packages.txt).
 
@@ -87,4 +88,25 @@ fn an_acceptor_whose_peer_disconnects_at_once_sees_established_then_disconnected
     let out = out.unwrap_or_else(|e| std::panic::resume_unwind(e));
     assert!(out.contains("server: 0 of 200 rounds wrong"), "{out}");
     assert!(out.contains("client: 0 of 200 rounds wrong"), "{out}");
+}
+
+/// `tests/c/cq_lock_check.c`: two threads create and destroy QPs on the same two CQs with
+/// send and receive CQ swapped (1000 rounds each, two more threads polling the CQs). `ibv_create_qp` holds both CQs' locks
+/// while the backend creates the QP; until 2026-11-24 it took them in argument order, and
+/// the two threads deadlocked (the helper's alarm ends a hung run with "hung").
+#[test]
+fn qps_created_on_two_cqs_in_both_orders_do_not_deadlock() {
+    if !have("gcc", "gcc") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = build_c_with(tmp.path(), "cq_lock_check", &["-pthread", "-libverbs"]);
+    let mut lab = Lab::start(None).expect("start the simulated host and the backend");
+    let d = lab.create_guest("cq-lock").expect("guest");
+    let exe = exe.display().to_string();
+    let (ok, out, err) = exec_in(&lab, d, &[&exe]).finish(Duration::from_secs(180));
+    assert!(
+        ok && out.contains("both threads finished 1000 rounds"),
+        "cq_lock_check failed:\n{out}\n{err}"
+    );
 }
