@@ -266,6 +266,62 @@ fn closing_a_channel_closes_its_listeners_and_rejects_waiting_requests() {
         .expect("port free after close");
 }
 
+/// As with Linux rdma_cm (a request id the program got survives `rdma_destroy_id` of the
+/// listening id): closing a listener rejects the requests the guest has not taken, and keeps
+/// those it took (asked their `CmInfo`) until they are answered; accepted, they connect. A
+/// kept request of a closing channel is rejected. Until 2026-11-24 every request of a closed
+/// listener was rejected.
+#[test]
+fn a_request_the_guest_took_outlives_its_listener() {
+    let dev = device(A);
+    let mut s = end(&dev, 1);
+    let mut c1 = end(&dev, 2);
+    let mut c2 = end(&dev, 3);
+    let (l, addr) = listen(&dev, &s.ch, A);
+    dev.cm_connect(c1.ch.id, c1.qp.num, addr, b"one").unwrap();
+    let req1 = request(event(&mut s.ch), l);
+    assert_eq!(
+        dev.cm_request_info(s.ch.id, req1).unwrap().private_data,
+        b"one"
+    );
+    dev.cm_connect(c2.ch.id, c2.qp.num, addr, b"two").unwrap();
+    let _req2 = request(event(&mut s.ch), l);
+    dev.cm_close_listener(s.ch.id, l).expect("close listener");
+    // The request nobody took is rejected; the one the guest took is not.
+    let ev = event(&mut c2.ch);
+    assert_eq!(
+        (ev.kind, ev.handle),
+        (EventKind::ConnectRejected, c2.qp.num.0)
+    );
+    no_event(&mut c1.ch);
+    dev.cm_accept(s.ch.id, req1, s.qp.num, b"welcome")
+        .expect("accept after the listener closed");
+    for (ch, qp) in [(&mut s.ch, s.qp.num), (&mut c1.ch, c1.qp.num)] {
+        let ev = event(ch);
+        assert_eq!((ev.kind, ev.handle), (EventKind::QpEstablished, qp.0));
+    }
+    assert_eq!(
+        dev.cm_qp_info(c1.ch.id, c1.qp.num).unwrap().private_data,
+        b"welcome"
+    );
+
+    // A kept request goes with its channel.
+    let mut t = end(&dev, 4);
+    let mut c3 = end(&dev, 5);
+    let (l2, addr2) = listen(&dev, &t.ch, A);
+    dev.cm_connect(c3.ch.id, c3.qp.num, addr2, b"").unwrap();
+    let req3 = request(event(&mut t.ch), l2);
+    dev.cm_request_info(t.ch.id, req3).unwrap();
+    dev.cm_close_listener(t.ch.id, l2).unwrap();
+    no_event(&mut c3.ch);
+    dev.close_channel(t.ch.id);
+    let ev = event(&mut c3.ch);
+    assert_eq!(
+        (ev.kind, ev.handle),
+        (EventKind::ConnectRejected, c3.qp.num.0)
+    );
+}
+
 #[test]
 fn destroying_a_connecting_qp_withdraws_its_request() {
     let dev = device(A);

@@ -629,6 +629,17 @@ impl Channel {
         Ok(p.iter().position(pred).map(|i| p.remove(i)))
     }
 
+    /// Puts a taken event back in front of the pending ones (for another waiter) and wakes
+    /// the waiters.
+    pub(crate) fn requeue_event(&self, ev: AsyncEvent) {
+        use crate::signal::Signal;
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(0, ev);
+        self.hub.wake_all();
+    }
+
     /// Waits for an event `pred` picks (taking it) until `deadline`: `None` when it passed. A
     /// lost channel is [`Error::DeviceLost`], not a hang.
     pub(crate) fn wait_event(

@@ -424,6 +424,10 @@ impl Drop for ConnRequest {
     }
 }
 
+/// How long a connect or accept whose `QpDisconnected` came first waits for its
+/// `QpEstablished` (the backend sends it right after, to this end's channel).
+const LATE_ESTABLISHED: Duration = Duration::from_secs(2);
+
 /// Waits for the outcome of a connect or accept on QP `handle`.
 fn wait_established(
     ctx: &CtxInner,
@@ -450,6 +454,29 @@ fn wait_established(
     };
     match ev.kind {
         EventKind::QpEstablished => info(ctx, CmTarget::Qp(handle)),
+        EventKind::QpDisconnected => {
+            // The backend tells the two ends one after the other: a peer that ends the
+            // connection as soon as it hears of it can have this end's `QpDisconnected` queued
+            // before its `QpEstablished` (intra-host accept). rdma_cm reports ESTABLISHED then
+            // DISCONNECTED: wait (bounded) for that `QpEstablished`, and leave the
+            // disconnection pending for whoever waits for it. Without one (the peer went
+            // away before establishment, e.g. an iWARP responder never got the RTR) the
+            // connection failed.
+            let est =
+                move |e: &AsyncEvent| e.handle == handle && e.kind == EventKind::QpEstablished;
+            let late = Instant::now() + LATE_ESTABLISHED;
+            let until = deadline_of(timeout).map_or(late, |d| d.min(late));
+            match ctx.chan.wait_event(&est, Some(until))? {
+                Some(_) => {
+                    ctx.chan.requeue_event(ev);
+                    info(ctx, CmTarget::Qp(handle))
+                }
+                None => Err(Error::ConnectionLost {
+                    qp: handle,
+                    what: "QpDisconnected before the connection was established".into(),
+                }),
+            }
+        }
         EventKind::ConnectRejected => {
             // The reject's private data, when the peer sent any (none when nobody listens).
             let private_data = info(ctx, CmTarget::Qp(handle))

@@ -140,6 +140,10 @@ struct Request {
     ch: ChannelId,
     from: Origin,
     info: CmInfo,
+    /// The guest took it (asked its `CmInfo`): it outlives its listener, as a request id
+    /// an rdma_cm program got survives `rdma_destroy_id` of the listening id, until it is
+    /// accepted, rejected or withdrawn, or the channel closes.
+    delivered: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -387,6 +391,7 @@ impl SoftDevice {
                     ch: lch,
                     from: Origin::Local(qp),
                     info: rinfo,
+                    delivered: false,
                 },
             );
             if let Some(x) = t.cm.listeners.get_mut(&l) {
@@ -604,9 +609,12 @@ impl SoftDevice {
         req: ConnRequestId,
     ) -> DeviceResult<CmInfo> {
         self.cm()?;
-        let t = self.tables();
-        match t.cm.requests.get(&req) {
-            Some(r) if r.ch == ch => Ok(r.info.clone()),
+        let mut t = self.tables();
+        match t.cm.requests.get_mut(&req) {
+            Some(r) if r.ch == ch => {
+                r.delivered = true;
+                Ok(r.info.clone())
+            }
             _ => Err(bad("connection request", req.0)),
         }
     }
@@ -719,7 +727,8 @@ impl Inner {
         }
     }
 
-    /// Closes a listener: its requests are rejected, its sockets closed by the thread (wait
+    /// Closes a listener: its requests the guest has not taken are rejected (those it took
+    /// stay until answered or the channel closes), its sockets closed by the thread (wait
     /// for the answer with [`wait_closed`], without the table lock: the thread may need it).
     fn close_listener_locked(&self, t: &mut Tables, l: ListenerId) -> Option<Receiver<()>> {
         let x = t.cm.listeners.remove(&l)?;
@@ -732,14 +741,17 @@ impl Inner {
             closed
         });
         for req in x.requests {
-            self.reject_request_locked(t, req, &[]);
+            if !t.cm.requests.get(&req).is_some_and(|r| r.delivered) {
+                self.reject_request_locked(t, req, &[]);
+            }
         }
         t.handles.release(l.0);
         closed
     }
 
-    /// A channel closes: its listeners close (their requests are rejected). Wait for the
-    /// answers with [`wait_closed`] after dropping the table lock.
+    /// A channel closes: its listeners close and its requests are rejected (also those that
+    /// outlived their listener). Wait for the answers with [`wait_closed`] after dropping the
+    /// table lock.
     pub(super) fn cm_close_channel_locked(
         &self,
         t: &mut Tables,
@@ -751,9 +763,20 @@ impl Inner {
                 .filter(|(_, l)| l.ch == ch)
                 .map(|(id, _)| *id)
                 .collect();
-        mine.into_iter()
+        let closed = mine
+            .into_iter()
             .filter_map(|l| self.close_listener_locked(t, l))
-            .collect()
+            .collect();
+        let kept: Vec<ConnRequestId> =
+            t.cm.requests
+                .iter()
+                .filter(|(_, r)| r.ch == ch)
+                .map(|(id, _)| *id)
+                .collect();
+        for req in kept {
+            self.reject_request_locked(t, req, &[]);
+        }
+        closed
     }
 
     /// A QP is destroyed: its connect or accept in progress ends.
@@ -811,6 +834,7 @@ impl Inner {
                         ch: lch,
                         from: Origin::Remote(conn),
                         info,
+                        delivered: false,
                     },
                 );
                 if let Some(x) = t.cm.listeners.get_mut(&l) {

@@ -582,7 +582,10 @@ pub trait Device: Send + Sync {
         let _ = (ch, l);
         Err(DeviceError::NotSupported("connection manager"))
     }
-    /// Stops listening; requests waiting at the listener are rejected.
+    /// Stops listening; requests waiting at the listener that the guest has not taken are
+    /// rejected. The software device keeps those it took (asked their `cm_request_info`)
+    /// until they are answered or the channel closes, as rdma_cm keeps a request id it
+    /// handed to the program.
     fn cm_close_listener(&self, ch: ChannelId, l: ListenerId) -> DeviceResult<()> {
         let _ = (ch, l);
         Err(DeviceError::NotSupported("connection manager"))

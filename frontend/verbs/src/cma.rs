@@ -98,7 +98,11 @@ struct IdState {
     peer: Option<SocketAddr>,
     listener: Option<std::thread::JoinHandle<()>>,
     request: Option<vrdma::ConnRequest>,
+    /// The id's threads; `rdma_destroy_id` joins them.
     threads: Vec<std::thread::JoinHandle<()>>,
+    /// Set (under the lock) by `rdma_destroy_id` as it takes `threads`: no thread starts
+    /// after that, so every thread that did start is joined before the id is freed.
+    closing: bool,
 }
 
 /// A pointer handed to a thread (the program keeps the object alive while the id is).
@@ -148,11 +152,19 @@ impl Id {
         self.st.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Runs `f` on a thread of this id (rdma_destroy_id joins it).
-    fn spawn(&self, name: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
+    /// Runs `f` on a thread of this id (rdma_destroy_id joins it): `Ok(false)` without
+    /// starting it once the id is being destroyed. The thread starts and is registered under
+    /// the id's lock, which `rdma_destroy_id` takes to close the registry: a thread is either
+    /// among those it joins or never started (a connect thread that establishes the id while
+    /// it is destroyed starts no disconnection thread, which would outlive the id).
+    fn spawn(&self, name: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result<bool> {
+        let mut st = self.state();
+        if st.closing {
+            return Ok(false);
+        }
         let t = std::thread::Builder::new().name(name.into()).spawn(f)?;
-        self.state().threads.push(t);
-        Ok(())
+        st.threads.push(t);
+        Ok(true)
     }
 }
 
@@ -402,6 +414,7 @@ pub unsafe extern "C" fn vrdma_verbs_rdma_destroy_id(p: *mut rdma_cm_id) -> c_in
         id.stop.store(true, Ordering::Release);
         let (listener, threads, request) = {
             let mut st = id.state();
+            st.closing = true;
             (
                 st.listener.take(),
                 std::mem::take(&mut st.threads),
@@ -414,6 +427,9 @@ pub unsafe extern "C" fn vrdma_verbs_rdma_destroy_id(p: *mut rdma_cm_id) -> c_in
             let _ = t.join();
         }
         // Events of this id not yet handed out go (their bytes in the pipe are skipped).
+        // A connection request of a listening id the program never saw goes with its new
+        // id (rejected); those it took stay the program's to accept or reject.
+        let mut unseen = Vec::new();
         // SAFETY: a live id; its channel is live (the program destroys ids first).
         let chp = unsafe { (*p).channel };
         if !chp.is_null() {
@@ -428,11 +444,20 @@ pub unsafe extern "C" fn vrdma_verbs_rdma_destroy_id(p: *mut rdma_cm_id) -> c_in
                     let ev = unsafe { &(*(e as *const Event)).ev };
                     let mine = ev.id == p || ev.listen_id == p;
                     if mine {
+                        if ev.listen_id == p && ev.event == RDMA_CM_EVENT_CONNECT_REQUEST {
+                            unseen.push(Ptr(ev.id as usize));
+                        }
                         // SAFETY: from Box::into_raw in `push`, never handed out.
                         drop(unsafe { Box::from_raw(e as *mut Event) });
                     }
                     !mine
                 });
+        }
+        for c in unseen {
+            // SAFETY: a request's id, created by the listen thread (joined above) and known
+            // only to its event, which just went: no thread, no other event. Its request is
+            // rejected as it drops.
+            drop(unsafe { Box::from_raw(c.0 as *mut Id) });
         }
         // SAFETY: from Box::into_raw in rdma_create_id (or the listen thread), destroyed once.
         drop(unsafe { Box::from_raw(p.cast::<Id>()) });
@@ -785,7 +810,9 @@ fn spawn_on_qp(
         call(p, qp);
     });
     match t {
-        Ok(()) => 0,
+        Ok(true) => 0,
+        // The program is destroying the id meanwhile.
+        Ok(false) => err(EINVAL),
         Err(_) => err(EAGAIN),
     }
 }

@@ -136,11 +136,23 @@ pub unsafe extern "C" fn vrdma_verbs_ibv_create_qp(
         let sq = cap.max_send_wr.max(2);
         let rq = cap.max_recv_wr.max(2);
         let built = {
-            let sg = scq.vr.lock().unwrap_or_else(|e| e.into_inner());
+            fn lock(c: &Cq) -> std::sync::MutexGuard<'_, vrdma::CompletionQueue> {
+                c.vr.lock().unwrap_or_else(|e| e.into_inner())
+            }
             if std::ptr::eq(scq, rcq) {
+                let sg = lock(scq);
                 pd.vr.create_qp(&sg, &sg).sq_size(sq).rq_size(rq).build()
             } else {
-                let rg = rcq.vr.lock().unwrap_or_else(|e| e.into_inner());
+                // Both CQs' locks, always in address order: two threads creating QPs on the
+                // same two CQs, send and receive swapped, would otherwise deadlock.
+                let (sg, rg);
+                if (scq as *const Cq) < (rcq as *const Cq) {
+                    sg = lock(scq);
+                    rg = lock(rcq);
+                } else {
+                    rg = lock(rcq);
+                    sg = lock(scq);
+                }
                 pd.vr.create_qp(&sg, &rg).sq_size(sq).rq_size(rq).build()
             }
         };

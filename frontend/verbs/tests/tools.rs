@@ -17,13 +17,14 @@
 //! case they print loudly that they did not run.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use vrdma_demo::lab::Lab;
 
 mod common;
-use common::{exec_in, free_port, have, listening, perftest_qpns, rping_client_then_check};
+use common::{
+    build_c_with, exec_in, free_port, have, listening, perftest_qpns, rping_client_then_check,
+};
 
 #[test]
 fn ibv_devinfo_lists_the_vrdma_device_with_an_active_port() {
@@ -262,28 +263,6 @@ fn build_c(dir: &Path, name: &str) -> PathBuf {
     build_c_with(dir, name, &["-libverbs"])
 }
 
-/// [`build_c`] linking `libs`.
-fn build_c_with(dir: &Path, name: &str, libs: &[&str]) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
-    let exe = dir.join(name);
-    let out = Command::new("gcc")
-        .args(["-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .args(libs)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("VERBS C TEST CANNOT RUN: gcc: {e} (apt-get install gcc libibverbs-dev)")
-        });
-    assert!(
-        out.status.success(),
-        "VERBS C TEST CANNOT RUN: compiling {} failed (libibverbs-dev installed?):\n{}",
-        src.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    exe
-}
-
 #[test]
 fn dereg_mr_revokes_the_rkey_at_once_and_app_memory_works() {
     if !have("gcc", "gcc") {
@@ -325,8 +304,31 @@ fn dereg_mr_revokes_the_rkey_at_once_and_app_memory_works() {
 /// exchange).
 #[test]
 fn a_listener_destroyed_right_after_rdma_accept_keeps_the_connection() {
+    cm_accept_check(&[]);
+}
+
+/// `tests/c/cm_accept_check.c` with `early`: the server destroys its listening id as soon as
+/// it has the `CONNECT_REQUEST`, before `rdma_accept`; as with Linux rdma_cm the request id it
+/// got survives and its accept connects (the client gets `ESTABLISHED` and the server's
+/// message). Until 2026-11-24 the backend rejected every request of a closed listener, also
+/// those already handed to the guest: the accept failed and the client got `REJECTED`.
+#[test]
+fn a_request_survives_its_listener_destroyed_before_rdma_accept() {
     if !have("gcc", "gcc") {
         return;
+    }
+    let out = cm_accept_check(&["early"]);
+    assert!(
+        out.contains("server: listening id destroyed before rdma_accept"),
+        "{out}"
+    );
+}
+
+/// Runs `cm_accept_check server … extra` and its client in two guests; both must pass.
+/// Returns both outputs.
+fn cm_accept_check(extra: &[&str]) -> String {
+    if !have("gcc", "gcc") {
+        return String::new();
     }
     let tmp = tempfile::tempdir().unwrap();
     let exe = build_c_with(tmp.path(), "cm_accept_check", &["-lrdmacm", "-libverbs"]);
@@ -335,7 +337,9 @@ fn a_listener_destroyed_right_after_rdma_accept_keeps_the_connection() {
     let a = lab.create_guest("accept-server").expect("guest a");
     let b = lab.create_guest("accept-client").expect("guest b");
     let port = free_port().to_string();
-    let mut server = exec_in(&lab, a, &[&exe, "server", "127.0.0.1", &port]);
+    let mut args = vec![exe.as_str(), "server", "127.0.0.1", &port];
+    args.extend_from_slice(extra);
+    let mut server = exec_in(&lab, a, &args);
     common::wait_listening(&port, &mut server, "cm_accept_check");
     let (cok, cout, cerr) =
         exec_in(&lab, b, &[&exe, "client", "127.0.0.1", &port]).finish(Duration::from_secs(120));
@@ -353,6 +357,7 @@ fn a_listener_destroyed_right_after_rdma_accept_keeps_the_connection() {
         sok && cok && sout.contains("server: done") && cout.contains("client: done"),
         "{both}"
     );
+    both
 }
 
 /// Debian's `rping` (librdmacm's rdma_cm API: listen, resolve, connect, accept, disconnect)

@@ -8,6 +8,11 @@
  *                                      when rdma_accept returned, then waits for it and for
  *                                      the client's disconnect
  *                                      (it sends one message once established)
+ *   cm_accept_check server ADDR PORT early
+ *                                      the same, but destroys the listening id as soon as
+ *                                      the request is there, BEFORE rdma_accept (Linux rdma_cm
+ *                                      keeps a request id it handed out: it can still be
+ *                                      accepted)
  *   cm_accept_check client ADDR PORT   connects, prints the event it got, takes the
  *                                      server's message, disconnects
  *
@@ -109,17 +114,18 @@ int main(int argc, char **argv)
 	struct rdma_cm_id *id, *child;
 	struct rdma_conn_param param;
 	struct sockaddr_in sin;
-	int server, ready;
+	int server, early, ready;
 	struct pollfd p;
 	struct ibv_sge sge;
 	struct ibv_send_wr swr, *bad_s;
 	struct ibv_recv_wr rwr, *bad_r;
 
-	if (argc != 4 || (strcmp(argv[1], "server") && strcmp(argv[1], "client"))) {
-		fprintf(stderr, "usage: cm_accept_check server|client ADDR PORT\n");
+	if (argc < 4 || argc > 5 || (strcmp(argv[1], "server") && strcmp(argv[1], "client"))) {
+		fprintf(stderr, "usage: cm_accept_check server|client ADDR PORT [early]\n");
 		return 2;
 	}
 	server = !strcmp(argv[1], "server");
+	early = argc == 5 && !strcmp(argv[4], "early");
 	memset(&sin, 0, sizeof(sin));
 	sin.sin_family = AF_INET;
 	sin.sin_port = htons(atoi(argv[3]));
@@ -138,7 +144,15 @@ int main(int argc, char **argv)
 		}
 		printf("server: listening\n");
 		fflush(stdout);
-		if (expect(ch, RDMA_CM_EVENT_CONNECT_REQUEST, &child, "server") || make_qp(child))
+		if (expect(ch, RDMA_CM_EVENT_CONNECT_REQUEST, &child, "server"))
+			return 1;
+		if (early) {
+			/* The request id outlives its listener. */
+			rdma_destroy_id(id);
+			printf("server: listening id destroyed before rdma_accept\n");
+			fflush(stdout);
+		}
+		if (make_qp(child))
 			return 1;
 		if (rdma_accept(child, &param)) {
 			perror("rdma_accept");
@@ -148,7 +162,8 @@ int main(int argc, char **argv)
 		p.events = POLLIN;
 		ready = poll(&p, 1, 0);
 		/* perftest -R destroys its listening id as soon as rdma_accept returns. */
-		rdma_destroy_id(id);
+		if (!early)
+			rdma_destroy_id(id);
 		printf("server: ESTABLISHED queued when rdma_accept returned: %s\n",
 		       ready == 1 ? "yes" : "no");
 		fflush(stdout);

@@ -4,7 +4,7 @@
 #![allow(dead_code)] // each test binary uses a part
 
 use std::net::{Ipv4Addr, TcpListener};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -192,4 +192,26 @@ pub fn rping_client_then_check(
         .collect();
     assert_eq!(client_lines, want_client, "client output:\n{cout}\n{cerr}");
     assert_eq!(server_lines, want_server, "server output:\n{sout}\n{serr}");
+}
+
+/// Compiles `tests/c/<name>.c` into `dir` (`-Werror`), linking `libs`.
+pub fn build_c_with(dir: &Path, name: &str, libs: &[&str]) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let exe = dir.join(name);
+    let out = Command::new("gcc")
+        .args(["-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .args(libs)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("VERBS C TEST CANNOT RUN: gcc: {e} (apt-get install gcc libibverbs-dev)")
+        });
+    assert!(
+        out.status.success(),
+        "VERBS C TEST CANNOT RUN: compiling {} failed (libibverbs-dev installed?):\n{}",
+        src.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
 }
