@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use iwarp_proto::mpa::{FrameKind, IrdOrd, MpaRepr};
-use shared_ring::abi::control::QpState;
+use shared_ring::abi::control::{access, QpState};
+use shared_ring::abi::cqe::CqeStatus;
 use shared_ring::abi::event::{EventKind, EventRepr};
 use vrdma_backend::device::testkit::{TestChannel, TestQp, HANG};
 use vrdma_backend::device::{
@@ -572,4 +573,39 @@ fn a_qp_the_cm_connects_cannot_also_be_paired_by_number() {
         dev.connect_qp(c.ch.id, c.qp.num, s.qp.num),
         Err(DeviceError::ConnectionRefused(..))
     ));
+}
+
+#[test]
+fn disconnecting_a_half_paired_qp_fails_it_and_flushes_its_receives() {
+    // connect_qp named a peer that has not named this QP back (the pairing waits in Rtr): a
+    // Disconnect now (a program's move to ERR right after RTR) abandons the pairing. The QP
+    // goes to Error and its receives flush; the peer's late connect_qp pairs with nothing.
+    let dev = device(A);
+    let mut ch = TestChannel::open(&dev, 1, ChannelMode::Bypass);
+    let mut cq = ch.cq(&dev, 6);
+    let mut qp = ch.qp(&dev, &cq, &cq, 4);
+    let mr = ch.mr(&dev, 4096, access::ALL);
+    let b = end(&dev, 2);
+    dev.connect_qp(ch.id, qp.num, b.qp.num).unwrap();
+    assert_eq!(dev.qp_state(ch.id, qp.num).unwrap(), QpState::Rtr);
+    for id in 0..3u64 {
+        qp.post_recv(&dev, 100 + id, &[mr.sge(64 * id, 64)]);
+    }
+    dev.cm_disconnect(ch.id, qp.num)
+        .expect("a half-paired QP can be disconnected");
+    assert_eq!(dev.qp_state(ch.id, qp.num).unwrap(), QpState::Error);
+    for id in 0..3u64 {
+        let c = cq.wait(&dev);
+        assert_eq!(
+            (c.wr_id, c.status),
+            (100 + id, CqeStatus::WrFlushError),
+            "{c:?}"
+        );
+    }
+    dev.connect_qp(b.ch.id, b.qp.num, qp.num).unwrap();
+    assert_eq!(
+        dev.qp_state(b.ch.id, b.qp.num).unwrap(),
+        QpState::Rtr,
+        "paired with a failed QP"
+    );
 }

@@ -562,9 +562,25 @@ impl SoftDevice {
         let q = t.qps.get(&qp).ok_or(bad("QP", qp.0))?.clone();
         let phase = match t.cm.qps.get_mut(&qp) {
             Some(c) => std::mem::replace(&mut c.phase, Phase::Ended),
-            // Paired with connect_qp: a connection all the same.
-            None if lock(&q.send).peer.is_some() => Phase::Connected,
-            None => return Err(inval("the QP has no connection")),
+            None => {
+                let s = lock(&q.send);
+                if s.peer.is_some() {
+                    // Paired with connect_qp: a connection all the same.
+                    Phase::Connected
+                } else if s.peer_num.is_some() {
+                    // Half-paired with connect_qp: it named its peer, which has not named it
+                    // back. Abandoned: the QP goes to Error (its work requests flush, as on
+                    // a move to ERR) and its deferred Connect is answered "refused". Failed
+                    // under the tables' lock, so the peer's connect_qp cannot pair with it
+                    // meanwhile (it pairs only with a QP in Rtr).
+                    drop(s);
+                    q.fail(None);
+                    drop(t);
+                    return Ok(());
+                } else {
+                    return Err(inval("the QP has no connection"));
+                }
+            }
         };
         match phase {
             Phase::Ended => return Ok(()),

@@ -26,6 +26,34 @@ pub(crate) struct Qp {
 }
 
 impl Qp {
+    /// The backend's `Disconnect` for a move to ERR. Right after RTR the pairing `Connect`
+    /// may still be on its way from the background thread, and a QP that has not named its
+    /// peer yet has no connection to end ("the QP has no connection"): try again while that
+    /// thread runs, for up to `CONNECT_SEND_WAIT`. (A QP that named its peer, paired or not,
+    /// is disconnected at once: the backend abandons a half-made pairing.)
+    fn disconnect_for_err(&self) -> vrdma::Result<()> {
+        const CONNECT_SEND_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+        let t0 = std::time::Instant::now();
+        loop {
+            // Looked at before the attempt: a connect that ends during it is tried once more.
+            let connecting = self
+                .connecting
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .is_some_and(|t| !t.is_finished());
+            let r = self
+                .vr
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .disconnect();
+            if r.is_ok() || !connecting || t0.elapsed() >= CONNECT_SEND_WAIT {
+                return r;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
     /// Waits for a pending connect; its error, if it failed.
     fn connected(&self) -> Result<(), i32> {
         let pending = self
@@ -351,8 +379,7 @@ pub unsafe extern "C" fn vrdma_verbs_ibv_modify_qp(
                 // The backend's Disconnect moves a paired (or pairing) QP to Error: its work
                 // requests flush, as on a move to ERR. (The peer's QP fails too; its flushed
                 // receives are not passed on, see cq::deliver_wc.)
-                let r = qp.vr.lock().unwrap_or_else(|e| e.into_inner()).disconnect();
-                if let Err(e) = r {
+                if let Err(e) = qp.disconnect_for_err() {
                     return fail("ibv_modify_qp(ERR)", &e);
                 }
             }

@@ -302,6 +302,50 @@ int main(void)
 		printf("move to ERR flushes receives: ok\n");
 	}
 
+	/* a move to ERR right after RTR: the pairing Connects of the two moves to RTR may still
+	 * be on their way to the backend (each runs on a thread of its own) */
+	{
+		struct ibv_mr *mr = ibv_reg_mr(pd, dst, 256, IBV_ACCESS_LOCAL_WRITE);
+		if (!mr)
+			FAIL("reg_mr for the quick moves");
+		for (int round = 0; round < 20; round++) {
+			struct ibv_qp *qe = make_qp(IBV_QPT_RC), *qf = make_qp(IBV_QPT_RC);
+			if (!qe || !qf)
+				FAIL("quick pair");
+			connect_qp(qe, qf->qp_num, &gid);
+			connect_qp(qf, qe->qp_num, &gid);
+			struct ibv_sge sge = { .addr = (uintptr_t)dst, .length = 64, .lkey = mr->lkey };
+			struct ibv_recv_wr wr = { .wr_id = 500 + round, .sg_list = &sge, .num_sge = 1 }, *bad;
+			if (ibv_post_recv(qf, &wr, &bad))
+				FAIL("quick post_recv");
+			struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
+			int rc = ibv_modify_qp(qf, &a, IBV_QP_STATE);
+			if (rc)
+				FAIL("modify to ERR right after RTR (round %d): %s", round, strerror(rc));
+			int flushed = 0;
+			for (long i = 0; i < 20000000 && !flushed; i++) {
+				struct ibv_wc wc;
+				int n = ibv_poll_cq(cq, 1, &wc);
+				if (n < 0)
+					FAIL("poll_cq");
+				if (n == 1) {
+					if (wc.qp_num != qf->qp_num || wc.status != IBV_WC_WR_FLUSH_ERR ||
+					    wc.wr_id != (uint64_t)(500 + round))
+						FAIL("unexpected completion qp %u status %d wr_id %llu (round %d)",
+						     wc.qp_num, wc.status, (unsigned long long)wc.wr_id, round);
+					flushed = 1;
+				}
+			}
+			if (!flushed)
+				FAIL("the receive was not flushed by the move to ERR (round %d)", round);
+			if (ibv_destroy_qp(qe) || ibv_destroy_qp(qf))
+				FAIL("quick pair teardown");
+		}
+		if (ibv_dereg_mr(mr))
+			FAIL("quick moves dereg");
+		printf("move to ERR right after RTR, 20 times: ok\n");
+	}
+
 	/* dereg revokes the rkey at once; the program keeps its bytes */
 	uint32_t old_rkey = md->rkey;
 	if (ibv_dereg_mr(md))
