@@ -131,7 +131,9 @@ fn perftest_across(tool: &str, extra: &[&str]) {
     // events", perftest's retry reuses destroyed ids): start a new pair.
     for round in 1..=5 {
         let port = free_port_on(saddr).to_string();
-        let mut common = vec![tool, "-R", "-p", &port, "-n", iters];
+        // `-F`: perftest's cycle calibration can fail under load, and the tool then exits 1
+        // after its test ("Can't produce a report") unless `-F`.
+        let mut common = vec![tool, "-R", "-F", "-p", &port, "-n", iters];
         common.extend_from_slice(extra);
         let mut server = exec_in(sl, sg, &common);
         let mut client_args = common.clone();

@@ -148,7 +148,9 @@ fn perftest(tool: &str, extra: &[&str]) {
     let b = lab.create_guest("pt-client").expect("guest b");
     let port = free_port().to_string();
     let iters = if extra.contains(&"-a") { "5" } else { "50" };
-    let mut common = vec![tool, "-p", &port, "-n", iters];
+    // `-F`: under load perftest's cycle calibration can fail ("Correlation coefficient r^2 <
+    // 0.9"), and without `-F` the tool then exits 1 after its test ("Can't produce a report").
+    let mut common = vec![tool, "-F", "-p", &port, "-n", iters];
     common.extend_from_slice(extra);
     let mut server = exec_in(&lab, a, &common);
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
@@ -425,7 +427,7 @@ fn perftest_cm(tool: &str) {
     // resolve RDMA CM address"; it would with Debian's librdmacm too): start a new pair.
     for round in 1..=5 {
         let port = free_port().to_string();
-        let common = [tool, "-R", "-p", &port, "-n", iters];
+        let common = [tool, "-R", "-F", "-p", &port, "-n", iters]; // -F: as in `perftest`
         let mut server = exec_in(&lab, a, &common);
         let mut client_args = common.to_vec();
         client_args.push("127.0.0.1");
