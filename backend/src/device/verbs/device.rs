@@ -14,8 +14,8 @@
 //!   completion channel's fd.
 //!
 //! Partial (issue 13): connections are loopback pairs of QPs of this device
-//! ([`Device::connect_qp`]), address vectors ([`Device::connect_qp_av`], not yet reachable
-//! from the control ring and not yet checked against the domain's allowed peers), or rdma_cm
+//! ([`Device::connect_qp`]), address vectors ([`Device::connect_qp_av`]: the guest's
+//! `ConnectAv`, its peer checked by the daemon), or rdma_cm
 //! on librdmacm ([`cm`], started by [`VerbsDevice::with_cm`]).
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -38,7 +38,7 @@ use shared_ring::queue::Producer;
 use shared_ring::{WqConsumer, PAGE_SIZE};
 
 use super::abi::*;
-use super::probe::{port_av, to_init, to_rts, PortAv};
+use super::probe::{port_av, rtr_to_rts, to_init, to_rtr, to_rts, PortAv};
 use super::relay::{self, KeyEntry, KeyMap, Pending, Queue};
 use super::{CompChannel, Context, VerbsError, VerbsLib};
 use crate::device::objects::{lock, Doorbells};
@@ -159,8 +159,10 @@ struct VQp {
     recv_cq: Arc<VCq>,
     sig_all: bool,
     state: Mutex<QpState>,
-    /// The QP this one named in `connect_qp`.
+    /// The QP this one named in `connect_qp` or `connect_qp_av`.
     peer: Mutex<Option<QpNum>>,
+    /// The address vector of `connect_qp_av` (the HCA QP is in RTR or RTS towards it).
+    av: Mutex<Option<RemoteAv>>,
     sq: Mutex<WqRelay>,
     rq: Mutex<WqRelay>,
     slots: (u32, u32),
@@ -260,6 +262,24 @@ pub struct VerbsDevice {
 }
 
 impl VerbsDevice {
+    /// The address vector towards `remote`: the port's current GID table (its first 256
+    /// entries; RoCE GIDs follow the netdev's addresses) and active MTU.
+    fn remote_av(&self, remote: &RemoteAv) -> Result<PortAv, String> {
+        let inner = &self.inner;
+        let port = inner.av.port;
+        let pattr = inner.ctx.query_port(port).map_err(|e| e.to_string())?;
+        let mut gids = Vec::new();
+        if inner.av.gid.is_some() {
+            for i in 0..pattr.gid_tbl_len.clamp(0, 256) {
+                match inner.ctx.query_gid(port, i) {
+                    Ok(g) if g.raw() != [0; 16] => gids.push((i, g.raw())),
+                    _ => {}
+                }
+            }
+        }
+        super::av::remote_av(&inner.av, remote, pattr.active_mtu, &gids)
+    }
+
     /// Opens port `port` of device `ibdev` (it must be ACTIVE) and starts the relay thread.
     pub fn open(
         lib: &VerbsLib,
@@ -1130,6 +1150,7 @@ impl Device for VerbsDevice {
             sig_all: s.sq_sig_all,
             state: Mutex::new(QpState::Init),
             peer: Mutex::new(None),
+            av: Mutex::new(None),
             sq: wq(sq, cap.max_send_wr.min(sq_n as u32)),
             rq: wq(rq, cap.max_recv_wr.min(rq_n as u32)),
             slots: (s.sq_slot, s.rq_slot),
@@ -1231,7 +1252,11 @@ impl Device for VerbsDevice {
             .get(&remote)
             .and_then(|rc| t.channels.get(rc))
             .and_then(|rc| Some((rc.clone(), lock(&rc.res).qps.get(&remote).cloned()?)))
-            .filter(|(_, r)| *lock(&r.peer) == Some(qp) && *lock(&r.state) == QpState::Rtr);
+            .filter(|(_, r)| {
+                *lock(&r.peer) == Some(qp)
+                    && *lock(&r.state) == QpState::Rtr
+                    && lock(&r.av).is_none()
+            });
         drop(t);
         let Some((rc, r)) = r else { return Ok(()) };
         let av = self.inner.av;
@@ -1276,47 +1301,86 @@ impl Device for VerbsDevice {
         })
     }
 
-    /// RTR/RTS towards `remote` through this device's port (RoCE: a global route from the
-    /// port's GID, hop limit 1). Partial: no per-domain check of the peer yet.
+    /// RTR (and RTS with `local_psn`) towards `remote` through this device's port (RoCE: a
+    /// global route, hop limit 1, from the port's GID of the peer's family:
+    /// [`super::av::remote_av`]). The daemon checked the peer against the domain's allowed
+    /// peers before. Repeating a step already made towards the same peer is no error (the
+    /// guest library may send the RTR after the RTS: it sends its RTR from a thread).
     fn connect_qp_av(
         &self,
         ch: ChannelId,
         qp: QpNum,
         remote: RemoteAv,
-        local_psn: u32,
+        local_psn: Option<u32>,
     ) -> DeviceResult<()> {
-        if remote.psn > 0xff_ffff || local_psn > 0xff_ffff || remote.qpn > 0xff_ffff {
+        if remote.psn > 0xff_ffff
+            || local_psn.is_some_and(|p| p > 0xff_ffff)
+            || remote.qpn > 0xff_ffff
+        {
             return Err(inval("PSNs and QP numbers are 24 bits"));
         }
         let c = self.inner.chan(ch)?;
         let q = lock(&c.res).qps.get(&qp).cloned().ok_or(bad("QP", qp.0))?;
-        if !matches!(
-            *lock(&q.state),
-            QpState::Reset | QpState::Init | QpState::Rtr
-        ) {
-            return Err(DeviceError::ConnectionRefused(qp.0, "QP is not in Init"));
-        }
-        {
-            let mut p = lock(&q.peer);
-            if p.is_some() {
+        let state = *lock(&q.state);
+        let have = *lock(&q.av);
+        match (state, have) {
+            (QpState::Reset | QpState::Init | QpState::Rtr, None) => {
+                {
+                    let mut p = lock(&q.peer);
+                    if p.is_some() {
+                        return Err(DeviceError::ConnectionRefused(
+                            qp.0,
+                            "QP is already connecting",
+                        ));
+                    }
+                    *p = Some(QpNum(remote.qpn));
+                }
+                let av = match self.remote_av(&remote) {
+                    Ok(av) => av,
+                    Err(why) => {
+                        *lock(&q.peer) = None;
+                        tracing::warn!(qp = qp.0, "RTR by address vector: {why}");
+                        return Err(DeviceError::ConnectionRefused(
+                            qp.0,
+                            "the device cannot reach that address vector (see the backend's \
+                             log)",
+                        ));
+                    }
+                };
+                if let Err(e) = to_rtr(&q.hca, remote.qpn, &av, remote.psn) {
+                    tracing::warn!(qp = qp.0, "RTR by address vector: {e}");
+                    fail_qp(&c, &q, false);
+                    self.inner.poke();
+                    return Err(DeviceError::ConnectionRefused(
+                        qp.0,
+                        "the device refused the address vector",
+                    ));
+                }
+                *lock(&q.av) = Some(remote);
+                *lock(&q.state) = QpState::Rtr;
+            }
+            (QpState::Rtr | QpState::Rts, Some(a)) if a == remote => {}
+            (QpState::Rtr | QpState::Rts, Some(_)) => {
                 return Err(DeviceError::ConnectionRefused(
                     qp.0,
-                    "QP is already connected",
-                ));
+                    "QP is connected to another address vector",
+                ))
             }
-            *p = Some(QpNum(remote.qpn));
+            _ => return Err(DeviceError::ConnectionRefused(qp.0, "QP is not in Init")),
         }
-        let mut av = self.inner.av;
-        av.lid = remote.lid;
-        if av.gid.is_some() {
-            av.gid = Some(ibv_gid { raw: remote.gid });
+        let Some(psn) = local_psn else {
+            return Ok(());
+        };
+        if *lock(&q.state) == QpState::Rts {
+            return Ok(());
         }
-        if let Err(e) = to_rts(&q.hca, remote.qpn, &av, local_psn, remote.psn) {
-            tracing::warn!(qp = qp.0, "RTR/RTS by address vector: {e}");
+        if let Err(e) = rtr_to_rts(&q.hca, psn) {
+            tracing::warn!(qp = qp.0, "RTS by address vector: {e}");
             fail_qp(&c, &q, false);
+            self.inner.poke();
             return Err(DeviceError::ConnectionRefused(
                 qp.0,
-                "the device refused the address vector",
+                "the device refused the move to RTS",
             ));
         }
         *lock(&q.state) = QpState::Rts;

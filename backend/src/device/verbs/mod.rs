@@ -20,6 +20,7 @@
 //!
 //! [`probe`] lists the devices and runs a loopback self-test (`vrdmactl verbs-probe`).
 
+mod av;
 mod device;
 mod dl;
 mod keeper;
