@@ -258,6 +258,8 @@ struct Inner {
 pub struct VerbsDevice {
     inner: Arc<Inner>,
     thread: Option<JoinHandle<()>>,
+    /// Reads the device's asynchronous events ([`Inner::watch_async`]).
+    async_thread: Option<JoinHandle<()>>,
     cm: std::sync::OnceLock<cm::VerbsCm>,
 }
 
@@ -322,15 +324,29 @@ impl VerbsDevice {
             poked: AtomicBool::new(false),
             graveyard: Mutex::new(Vec::new()),
         });
+        inner.ctx.set_async_nonblocking()?;
         let run = inner.clone();
         let thread = std::thread::Builder::new()
             .name(format!("vrdma-relay-{ibdev}"))
             .spawn(move || run.relay(poll))
             .map_err(|e| VerbsError::call("spawning the relay thread", e))?;
+        let run = inner.clone();
+        let async_thread = match std::thread::Builder::new()
+            .name(format!("vrdma-async-{ibdev}"))
+            .spawn(move || run.watch_async())
+        {
+            Ok(t) => t,
+            Err(e) => {
+                inner.waker.stop();
+                let _ = thread.join();
+                return Err(VerbsError::call("spawning the async event thread", e));
+            }
+        };
         tracing::info!(device = ibdev, port, ?attrs, "verbs device open");
         Ok(Self {
             inner,
             thread: Some(thread),
+            async_thread: Some(async_thread),
             cm: std::sync::OnceLock::new(),
         })
     }
@@ -355,6 +371,9 @@ impl Drop for VerbsDevice {
         }
         self.inner.waker.stop();
         if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let Some(t) = self.async_thread.take() {
             let _ = t.join();
         }
         // Everything the channels hold goes now (registrations before mappings, QPs before
@@ -447,6 +466,135 @@ impl Inner {
             }
             idle_since = Instant::now();
         }
+    }
+
+    /// The async-event thread: waits (bounded, to see `stop`) for the non-blocking async fd,
+    /// then reads every event there is ([`Context::next_async_event`] copies and
+    /// acknowledges each before any lock is taken) and forwards it ([`Self::async_event`]).
+    fn watch_async(self: Arc<Self>) {
+        use rustix::event::{poll, PollFd, PollFlags, Timespec};
+        // SAFETY: the context's async fd, open as long as the context (`self` holds it).
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(self.ctx.async_fd()) };
+        let tick = Timespec {
+            tv_sec: 0,
+            tv_nsec: 200_000_000,
+        };
+        while !self.waker.stop.load(Ordering::SeqCst) {
+            let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+            match poll(&mut fds, Some(&tick)) {
+                Ok(0) => continue,
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => {
+                    tracing::error!("verbs async events: poll failed: {e}");
+                    std::thread::sleep(Duration::from_millis(200));
+                    continue;
+                }
+            }
+            loop {
+                match self.ctx.next_async_event() {
+                    Ok(Some(ev)) => self.async_event(&ev),
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::error!("verbs async events: {e}");
+                        std::thread::sleep(Duration::from_millis(200));
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Forwards one asynchronous event of the device to the guests it concerns
+    /// ([`super::events::action`]).
+    fn async_event(&self, ev: &super::AsyncEvent) {
+        use super::events::Action;
+        let act = super::events::action(ev, self.av.port);
+        let name = super::events::name(ev.kind);
+        if act == Action::Ignore {
+            tracing::info!(event = %name, element = ?ev.element, "device event (not forwarded)");
+            return;
+        }
+        tracing::info!(event = %name, element = ?ev.element, "device event: {act:?}");
+        let chans: Vec<Arc<VChan>> = lock(&self.tables).channels.values().cloned().collect();
+        match act {
+            Action::Qp {
+                qpn,
+                kind,
+                detail,
+                fail,
+            } => {
+                let found = {
+                    let t = lock(&self.tables);
+                    t.qps
+                        .get(&QpNum(qpn))
+                        .and_then(|ch| t.channels.get(ch).cloned())
+                };
+                let Some(c) = found else { return };
+                let Some(q) = lock(&c.res).qps.get(&QpNum(qpn)).cloned() else {
+                    return;
+                };
+                if fail {
+                    fail_qp(&c, &q, false);
+                }
+                c.post(&EventRepr {
+                    kind,
+                    handle: qpn,
+                    detail,
+                });
+            }
+            Action::Cq { handle } => {
+                for c in &chans {
+                    let (cqs, qps): (Vec<CqId>, Vec<Arc<VQp>>) = {
+                        let r = lock(&c.res);
+                        let cqs: Vec<CqId> = r
+                            .cqs
+                            .iter()
+                            .filter(|(_, v)| v.hca.handle() == handle)
+                            .map(|(id, _)| *id)
+                            .collect();
+                        let hit = |v: &Arc<VCq>| {
+                            cqs.iter()
+                                .any(|id| r.cqs.get(id).is_some_and(|x| Arc::ptr_eq(x, v)))
+                        };
+                        let qps = r
+                            .qps
+                            .values()
+                            .filter(|q| hit(&q.send_cq) || hit(&q.recv_cq))
+                            .cloned()
+                            .collect();
+                        (cqs, qps)
+                    };
+                    for cq in cqs {
+                        c.post(&EventRepr {
+                            kind: EventKind::CqOverrun,
+                            handle: cq.0,
+                            detail: 0,
+                        });
+                    }
+                    for q in qps {
+                        fail_qp(c, &q, true);
+                    }
+                }
+            }
+            Action::All { kind, detail, fail } => {
+                for c in &chans {
+                    if fail {
+                        let qps: Vec<Arc<VQp>> = lock(&c.res).qps.values().cloned().collect();
+                        for q in qps {
+                            fail_qp(c, &q, false);
+                        }
+                    }
+                    c.post(&EventRepr {
+                        kind,
+                        handle: 0,
+                        detail,
+                    });
+                }
+            }
+            Action::Ignore => {}
+        }
+        self.poke();
     }
 
     /// Destroys the HCA CQs of the graveyard that nothing else holds any more (their QPs are
