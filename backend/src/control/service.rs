@@ -286,7 +286,10 @@ impl ControlService {
                 reply,
             },
             Some(Err(r)) => {
-                if r.status == Status::QuotaExceeded || r.status == Status::NoResources {
+                if matches!(
+                    r.status,
+                    Status::QuotaExceeded | Status::NoResources | Status::NotPermitted
+                ) {
                     tracing::warn!(device = %self.device_id, channel = self.channel, ?op, "{:?}: {}", r.status, r.why);
                 } else {
                     tracing::debug!(device = %self.device_id, channel = self.channel, ?op, "{:?}: {}", r.status, r.why);

@@ -246,6 +246,23 @@ steps() {
         xenstore-write data/done "$s $r $n"
     done
 }
+# netfront (when dom0 shares the module): labU1 10.0.0.11, labU2 10.0.0.12 on dom0's bridge,
+# for ibv_rc_pingpong's TCP exchange with dom0 (10.0.0.1).
+if [ -f /lab/bin/xen-netfront.ko ]; then
+    insmod /lab/bin/xen-netfront.ko || echo "$NAME: insmod xen-netfront failed"
+    IP=10.0.0.11; [ "$NAME" = labU2 ] && IP=10.0.0.12
+    i=0
+    until ifconfig eth0 "$IP" netmask 255.255.255.0 up 2>/dev/null; do
+        i=$((i+1)); [ $i -gt 100 ] && { echo "$NAME: no eth0"; break; }
+        sleep 0.2
+    done
+    ifconfig lo 127.0.0.1 up
+    i=0
+    until ping -c 1 -W 1 10.0.0.1 >/dev/null 2>&1; do
+        i=$((i+1)); [ $i -gt 60 ] && { echo "$NAME: dom0 (10.0.0.1) unreachable over the bridge"; break; }
+    done
+    echo "$NAME: eth0 $IP"
+fi
 # Which stock tools this image has (the domU image carries rping and perftest, run through
 # vrdma-exec with libvrdma_verbs.so preloaded).
 t=""
