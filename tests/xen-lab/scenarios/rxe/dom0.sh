@@ -476,28 +476,37 @@ relay labU1 labU2 vrdma-ep-again || fail=1
 relay labU2 labU1 vrdma-ep-again || fail=1
 relay labU1 labU2 vrdma-done-again || fail=1
 grep -E 'WARN|ERROR' /run/lab/backend2.log | sed 's/^/  restarted backend: /'
+# HCA async events: with labU1's channel open (it says data/vrdma-ev-ready), rxe0's port goes
+# down and up with dummy0 (rxe sends PORT_ERR, then PORT_ACTIVE); the backend reads them from
+# the context's async fd and forwards them to every channel as PortError / PortActive
+# (docs/protocol.md, "Device events"): labU1 must see both on its event ring, and the
+# backend's log shows them.
+if wait_key labU1 vrdma-ev-ready 300; then
+    sleep 1
+    $R/ip link set dummy0 down; sleep 2; $R/ip link set dummy0 up
+    grep 'device event' /run/lab/backend2.log | sed 's/^/  backend: /'
+    if wait_key labU1 vrdma-port-events 150; then
+        ev=$(xenstore-read "/local/domain/$D1/data/vrdma-port-events")
+        lab_log "async events: labU1's event ring after rxe0's port went down and up: $ev"
+        case "$ev" in
+            *PortError:0:1*PortActive:0:1*) ;;
+            *) lab_log "async events: labU1 did not get PortError then PortActive"; fail=1 ;;
+        esac
+    else
+        fail=1
+    fi
+    grep -q 'device event: All { kind: PortError' /run/lab/backend2.log &&
+        grep -q 'device event: All { kind: PortActive' /run/lab/backend2.log ||
+        { lab_log "async events: the backend did not log rxe0's port events"; fail=1; }
+else
+    fail=1
+fi
 for name in labU1 labU2; do
     r=$(lab_wait_result $name 300)
     lab_log "$name result: $r"
     [ "$r" = ok ] || fail=1
 done
 zero_copy "after the restart (the new backend's counters)"
-# HCA async events: rxe0's port goes down and up with dummy0 (rxe sends PORT_ERR, then
-# PORT_ACTIVE); the backend reads them from the context's async fd and forwards them to every
-# channel (PortError / PortActive; docs/protocol.md, "Device events"). Its log shows both.
-$R/ip link set dummy0 down; sleep 2; $R/ip link set dummy0 up
-i=0
-until grep -q 'device event: All { kind: PortActive' /run/lab/backend2.log; do
-    i=$((i+1)); [ $i -gt 100 ] && break
-    sleep 0.1
-done
-grep 'device event' /run/lab/backend2.log | sed 's/^/  backend: /'
-if grep -q 'device event: All { kind: PortError' /run/lab/backend2.log &&
-    grep -q 'device event: All { kind: PortActive' /run/lab/backend2.log; then
-    lab_log "async events: rxe0's port error and port active reached the backend and were forwarded"
-else
-    lab_log "async events: the backend did not forward rxe0's port events"; fail=1
-fi
 lab_log "the new backend's pinned pages: $(grep -E 'VmPin' /proc/$BACKEND/status | tr -s ' \t' ' ')"
 echo "---- the restarted backend's log ----"; tail -n 30 /run/lab/backend2.log
 cp /run/lab/backend.log /run/lab/backend2.log /mnt/lab/out/ 2>/dev/null

@@ -218,6 +218,23 @@ restart() {
     stop_guest
     echo "$NAME: backend restart PASS (device lost, reopened, data verified)"
 }
+# HCA async events (labU1, after the restart): a channel open while dom0 takes rxe0's port
+# down and up; its event ring must get PortError then PortActive (handle 0, detail port 1).
+port_events() {
+    start_guest
+    cmd open bypass || return 1
+    xenstore-write data/vrdma-ev-ready 1
+    i=0
+    while :; do
+        cmd events || return 1
+        case $REPLY in *PortError*PortActive*) break ;; esac
+        i=$((i+1)); [ $i -gt 600 ] && { echo "$NAME: no port events: '$REPLY'"; return 1; }
+        sleep 0.2
+    done
+    echo "$NAME: port events: $REPLY"
+    xenstore-write data/vrdma-port-events "$REPLY"
+    stop_guest
+}
 # Step 0: the command lines dom0 writes to /lab/steps/NAME/N (/lab/steps/NAME/cur = N): the
 # guest's end of a stock-tool pair; answers data/done = "N RC PINGS". cur = end: go on.
 steps() {
@@ -279,4 +296,7 @@ if [ "$NAME" = labU1 ]; then
     self_talk || rc=1
 fi
 restart || rc=1
+if [ "$NAME" = labU1 ]; then
+    port_events || rc=1
+fi
 exit $rc
