@@ -35,6 +35,8 @@ enum CmCall {
     Accept(ConnRequestId, QpNum, Vec<u8>),
     Reject(ConnRequestId, Vec<u8>),
     Disconnect(QpNum),
+    /// An address-vector connect: the peer and this QP's send PSN (RTS; `None`: RTR).
+    ConnectAv(QpNum, RemoteAv, Option<u32>),
 }
 
 #[derive(Default)]
@@ -51,6 +53,9 @@ struct CmState {
 struct RecordingCm {
     soft: SoftDevice,
     addrs: Vec<IpAddr>,
+    /// Whether the device has address vectors (as the verbs device): `ConnectAv`s are
+    /// recorded; without, the software device's own answer.
+    av: bool,
     st: Mutex<CmState>,
 }
 
@@ -59,6 +64,7 @@ impl RecordingCm {
         RecordingCm {
             soft: SoftDevice::new(EngineConfig::default()).unwrap(),
             addrs: vec!["127.0.0.2".parse().unwrap()],
+            av: false,
             st: Mutex::new(CmState::default()),
         }
     }
@@ -142,6 +148,30 @@ impl Device for RecordingCm {
     }
     fn connect_qp(&self, ch: ChannelId, qp: QpNum, remote: QpNum) -> DeviceResult<()> {
         self.soft.connect_qp(ch, qp, remote)
+    }
+    fn local_av(&self) -> Option<LocalAv> {
+        self.av.then_some(LocalAv {
+            gid: v6("127.0.0.2"),
+            lid: 0,
+            port: 1,
+        })
+    }
+    fn connect_qp_av(
+        &self,
+        ch: ChannelId,
+        qp: QpNum,
+        remote: RemoteAv,
+        local_psn: Option<u32>,
+    ) -> DeviceResult<()> {
+        if !self.av {
+            return self.soft.connect_qp_av(ch, qp, remote, local_psn);
+        }
+        self.st
+            .lock()
+            .unwrap()
+            .calls
+            .push(CmCall::ConnectAv(qp, remote, local_psn));
+        Ok(())
     }
     fn arm_cq(&self, ch: ChannelId, cq: CqId, solicited_only: bool) -> DeviceResult<()> {
         self.soft.arm_cq(ch, cq, solicited_only)
@@ -291,6 +321,21 @@ struct Bench {
 
 impl Bench {
     fn new(config: &str) -> Bench {
+        Bench::with_device(config, RecordingCm::new())
+    }
+
+    /// A bench whose device has address vectors.
+    fn with_av(config: &str) -> Bench {
+        Bench::with_device(
+            config,
+            RecordingCm {
+                av: true,
+                ..RecordingCm::new()
+            },
+        )
+    }
+
+    fn with_device(config: &str, device: RecordingCm) -> Bench {
         let tmp = tempfile::Builder::new()
             .prefix("vcm")
             .tempdir_in("/tmp")
@@ -305,7 +350,7 @@ impl Bench {
             dom0,
             guest,
             domid: u32::from(domid.0),
-            device: Arc::new(RecordingCm::new()),
+            device: Arc::new(device),
             policy: Arc::new(CmPolicy::new(Config::parse(config, "test").unwrap().cm)),
         }
     }
@@ -551,6 +596,154 @@ fn connects_to_peers_not_allowed_are_refused_before_the_device_is_asked() {
         .calls()
         .iter()
         .any(|c| matches!(c, CmCall::Accept(..))));
+}
+
+fn connect_av(qp: u32, gid: &str, remote_qpn: u32) -> Request {
+    Request::ConnectAv {
+        qp,
+        remote_qpn,
+        gid: if gid.is_empty() { [0; 16] } else { v6(gid) },
+        rq_psn: 0x12_3456,
+        sq_psn: 0xab_cdef,
+        lid: 0,
+        path_mtu: 3,
+        rts: true,
+    }
+}
+
+/// The RTR step of [`connect_av`].
+fn rtr_av(qp: u32, gid: &str, remote_qpn: u32) -> Request {
+    let Request::ConnectAv {
+        qp,
+        remote_qpn,
+        gid,
+        rq_psn,
+        lid,
+        path_mtu,
+        ..
+    } = connect_av(qp, gid, remote_qpn)
+    else {
+        unreachable!()
+    };
+    Request::ConnectAv {
+        qp,
+        remote_qpn,
+        gid,
+        rq_psn,
+        sq_psn: 0,
+        lid,
+        path_mtu,
+        rts: false,
+    }
+}
+
+#[test]
+fn address_vector_connects_are_checked_against_allowed_peers() {
+    let b = Bench::with_av("[cm]\nallowed-peers = [\"127.0.0.0/8\", \"fd00::/8\"]");
+    let mut a = b.channel(0);
+    let qp = a.qp();
+    // A GID outside allowed-peers (IPv4-mapped: checked as the IPv4 address; other GIDs as
+    // IPv6 addresses), or none at all (a LID-only address vector) is refused, and the device
+    // never sees it.
+    for gid in ["::ffff:10.77.0.9", "fe80::1", "::ffff:7f00:1:0", ""] {
+        assert_eq!(
+            a.status(rtr_av(qp, gid, 0x99)),
+            Status::NotPermitted,
+            "{gid}"
+        );
+        assert_eq!(
+            a.status(connect_av(qp, gid, 0x99)),
+            Status::NotPermitted,
+            "{gid}"
+        );
+    }
+    assert!(b.device.calls().is_empty(), "{:?}", b.device.calls());
+    // A foreign QP is a bad handle.
+    assert_eq!(
+        a.status(connect_av(qp + 1000, "127.0.0.3", 0x99)),
+        Status::BadHandle
+    );
+    // Allowed: the device gets the whole address vector, answered at once.
+    assert_eq!(a.status(rtr_av(qp, "127.0.0.3", 0x99)), Status::Ok);
+    assert_eq!(a.status(connect_av(qp, "127.0.0.3", 0x99)), Status::Ok);
+    let qp2 = a.qp();
+    assert_eq!(a.status(connect_av(qp2, "fd00::7", 0x98)), Status::Ok);
+    assert_eq!(
+        b.device.calls(),
+        vec![
+            CmCall::ConnectAv(
+                QpNum(qp),
+                RemoteAv {
+                    gid: v6("127.0.0.3"),
+                    lid: 0,
+                    qpn: 0x99,
+                    psn: 0x12_3456,
+                    mtu: 3
+                },
+                None
+            ),
+            CmCall::ConnectAv(
+                QpNum(qp),
+                RemoteAv {
+                    gid: v6("127.0.0.3"),
+                    lid: 0,
+                    qpn: 0x99,
+                    psn: 0x12_3456,
+                    mtu: 3
+                },
+                Some(0xab_cdef)
+            ),
+            CmCall::ConnectAv(
+                QpNum(qp2),
+                RemoteAv {
+                    gid: v6("fd00::7"),
+                    lid: 0,
+                    qpn: 0x98,
+                    psn: 0x12_3456,
+                    mtu: 3
+                },
+                Some(0xab_cdef)
+            )
+        ]
+    );
+    // Per-domain lists apply: an empty one allows nothing.
+    let b = Bench::with_av(&format!(
+        "[cm]\nallowed-peers = [\"127.0.0.0/8\"]\n[cm.domain.{}]\nallowed-peers = []",
+        Bench::with_av("").domid
+    ));
+    let mut a = b.channel(0);
+    let qp = a.qp();
+    assert_eq!(
+        a.status(connect_av(qp, "127.0.0.3", 0x99)),
+        Status::NotPermitted
+    );
+    assert!(b.device.calls().is_empty(), "{:?}", b.device.calls());
+}
+
+#[test]
+fn without_address_vectors_a_foreign_gid_is_not_supported() {
+    // The software device pairs QPs of this backend only: a GID of another host is
+    // NotSupported (after the peer check: a forbidden one stays NotPermitted).
+    let b = Bench::new("[cm]\nallowed-peers = [\"127.0.0.0/8\"]");
+    let mut a = b.channel(0);
+    let qp = a.qp();
+    assert_eq!(
+        a.status(rtr_av(qp, "127.0.0.3", 0x99)),
+        Status::NotSupported
+    );
+    assert_eq!(
+        a.status(connect_av(qp, "10.0.0.1", 0x99)),
+        Status::NotPermitted
+    );
+    // Its own address (or none) pairs with a QP of this backend, answered when connected.
+    let rsp = a.svc.handle(
+        &RequestRepr {
+            req_id: 7,
+            request: rtr_av(qp, "127.0.0.2", 0x99),
+        }
+        .to_bytes(),
+    );
+    assert!(rsp.is_none(), "a pairing waits for its peer: {rsp:?}");
 }
 
 #[test]

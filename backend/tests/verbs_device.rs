@@ -8,6 +8,7 @@
 //! `VRDMA_TEST_IBDEV=<ibdev>[:<port>]` picks the device (default: the first one the kernel
 //! lists, port 1).
 
+use shared_ring::abi::control::QpState;
 use shared_ring::abi::cqe::CqeStatus;
 use shared_ring::abi::wqe::{WqeData, WqeOpcode};
 use verbs_common::Side;
@@ -114,13 +115,21 @@ fn qps_connect_by_address_vector_and_send() {
         lid: me.lid,
         qpn,
         psn,
+        mtu: 0,
     };
-    dev.connect_qp_av(a.id, aqp.num, av(bqp.num.0, 0x222), 0x111)
-        .expect("a → b");
-    dev.connect_qp_av(b.id, bqp.num, av(aqp.num.0, 0x111), 0x222)
+    // a in two steps (RTR, then RTS), as ibv_modify_qp; b in one.
+    dev.connect_qp_av(a.id, aqp.num, av(bqp.num.0, 0x222), None)
+        .expect("a → b: RTR");
+    assert_eq!(dev.qp_state(a.id, aqp.num).unwrap(), QpState::Rtr);
+    dev.connect_qp_av(a.id, aqp.num, av(bqp.num.0, 0x222), Some(0x111))
+        .expect("a → b: RTS");
+    dev.connect_qp_av(b.id, bqp.num, av(aqp.num.0, 0x111), Some(0x222))
         .expect("b → a");
+    // Repeating a step towards the same peer is no error; another peer is refused.
+    dev.connect_qp_av(a.id, aqp.num, av(bqp.num.0, 0x222), None)
+        .expect("a late RTR");
     assert!(dev
-        .connect_qp_av(a.id, aqp.num, av(bqp.num.0, 0x222), 0x111)
+        .connect_qp_av(a.id, aqp.num, av(bqp.num.0 ^ 1, 0x222), Some(0x111))
         .is_err());
     let ma = a.mr(&dev, 4096, access::ALL);
     let mb = b.mr(&dev, 4096, access::ALL);
@@ -145,9 +154,10 @@ fn the_software_device_has_no_address_vectors() {
         lid: 0,
         qpn: 1,
         psn: 0,
+        mtu: 0,
     };
     assert!(matches!(
-        dev.connect_qp_av(a.id, qp.num, av, 0),
+        dev.connect_qp_av(a.id, qp.num, av, Some(0)),
         Err(vrdma_backend::device::DeviceError::NotSupported(_))
     ));
 }

@@ -53,7 +53,9 @@ pub use cq::{CompletionQueue, WorkCompletion};
 pub use error::{Error, Result};
 pub use mr::{AccessFlags, MemoryRegion, MrSlice, RemoteMr};
 pub use pd::{MrCacheStats, ProtectionDomain, RawMr};
-pub use qp::{QpConnector, QpEndpoint, QueuePair, QueuePairBuilder, SendOp, SendWr, WrData};
+pub use qp::{
+    AddressVector, QpConnector, QpEndpoint, QueuePair, QueuePairBuilder, SendOp, SendWr, WrData,
+};
 
 pub use shared_ring::abi::control::{ChannelStats, DeviceAttrs, Op, Status};
 pub use shared_ring::abi::cqe::{CqeOpcode as WcOpcode, CqeStatus as WcStatus};

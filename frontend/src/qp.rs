@@ -49,6 +49,22 @@ impl std::str::FromStr for QpEndpoint {
     }
 }
 
+/// An RC peer by address vector, as `ibv_modify_qp` names it at RTR (and RTS), for
+/// [`QpConnector::connect_av`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AddressVector {
+    /// The peer port's GID (RoCE: its IPv6 or IPv4-mapped address); all zero: no global
+    /// route (InfiniBand: the LID; the software device: this backend).
+    pub gid: [u8; 16],
+    pub lid: u16,
+    /// The peer QP's number.
+    pub qp_num: u32,
+    /// The peer's first send PSN (this QP's receive PSN).
+    pub rq_psn: u32,
+    /// ibverbs' `enum ibv_mtu` (1: 256 … 5: 4096); 0: the device's.
+    pub path_mtu: u8,
+}
+
 /// What a send-queue work request does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SendOp {
@@ -265,6 +281,28 @@ impl QpConnector {
             addr,
             remote_qpn: remote.qp_num,
             private: shared_ring::abi::control::PrivData::NONE,
+        })?;
+        Ok(())
+    }
+}
+
+impl QpConnector {
+    /// Connects by address vector (`ConnectAv`): with `sq_psn` `None` the QP goes to RTR,
+    /// with `Some(psn)` on to RTS (first send PSN `psn`). The backend checks the peer
+    /// against the domain's allowed peers (`NotPermitted`). On a device with address
+    /// vectors (the verbs device) the answer comes at once; the software device pairs with
+    /// QP `av.qp_num` of this backend at RTR (answered when that QP names this one) and
+    /// refuses another host's GID (`NotSupported`).
+    pub fn connect_av(&self, av: &AddressVector, sq_psn: Option<u32>) -> Result<()> {
+        self.shared.ctx().chan.call(Request::ConnectAv {
+            qp: self.shared.handle,
+            remote_qpn: av.qp_num,
+            gid: av.gid,
+            rq_psn: av.rq_psn,
+            sq_psn: sq_psn.unwrap_or(0),
+            lid: av.lid,
+            path_mtu: av.path_mtu,
+            rts: sq_psn.is_some(),
         })?;
         Ok(())
     }

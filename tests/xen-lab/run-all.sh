@@ -56,8 +56,15 @@ run split "$BIN/vrdma-backend" "$BIN/vrdmactl" "$BIN/vrdma-guest" "$BIN/vrdma-pe
 # The verbs device (issue 13) on Soft-RoCE (rdma_rxe, rxe0 on dummy0) in dom0: its tests on
 # rxe0, a guest against stock rping and perftest on rxe0 (vrdma-rping, and Debian's tools through
 # vrdma-exec), then two domUs through `vrdma-backend --device verbs:rxe0` (scenarios/rxe/README).
+# The bridge's modules (netback/netfront, as run-perf.sh takes them) carry ibv_rc_pingpong's
+# TCP exchange between dom0 and labU1 (its address-vector steps).
+KVER=$(ls "$ROOT/target/xen-lab/root/lib/modules" | head -n1)
+for m in net/llc/llc net/802/stp net/bridge/bridge drivers/net/xen-netback/xen-netback drivers/net/xen-netfront; do
+    cp "$ROOT/target/xen-lab/root/lib/modules/$KVER/kernel/$m.ko" "$BIN/"
+done
 run rxe "$BIN/vrdma-backend" "$BIN/vrdmactl" "$BIN/vrdma-guest" "$BIN/vrdma-rping" \
-    "$BIN/vrdma-exec" "$BIN/libvrdma_verbs.so" "$BIN/verbs_device" "$BIN/verbs_cm"
+    "$BIN/vrdma-exec" "$BIN/libvrdma_verbs.so" "$BIN/verbs_device" "$BIN/verbs_cm" \
+    "$BIN"/{llc,stp,bridge,xen-netback,xen-netfront}.ko
 # Debian's unmodified verbs tools (ibv_devinfo, rping, perftest -R) between two domUs through
 # vrdma-exec (libvrdma_verbs.so preloaded; vrdma-exec finds it beside itself in /lab/bin);
 # about 1 minute on an idle host, 5-12 at load 5-12 (docs/xen-lab.md).

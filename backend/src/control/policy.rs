@@ -4,7 +4,7 @@
 //! device applies [`CmPolicy::peer_allowed`] to incoming connections (its peer filter).
 
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 use std::sync::Mutex;
 
 use crate::config::{CmRules, CmSettings};
@@ -63,6 +63,25 @@ impl CmPolicy {
         self.rules(domid).peer_allowed(peer)
     }
 
+    /// Whether domain `domid` may move a QP to RTR towards the port with GID `gid` (an
+    /// address-vector connect): `Ok` with the address checked (`None`: no address, allowed
+    /// because the domain has no allowed-peers list), else why not. See [`gid_peer`].
+    pub fn av_peer_allowed(&self, domid: u32, gid: [u8; 16]) -> Result<Option<IpAddr>, String> {
+        let rules = self.rules(domid);
+        match gid_peer(gid) {
+            Some(ip) if rules.peer_allowed(ip) => Ok(Some(ip)),
+            Some(ip) => Err(format!(
+                "domain {domid} may not connect to GID {} ({ip}: [cm] allowed-peers)",
+                Ipv6Addr::from(gid)
+            )),
+            None if rules.allowed_peers.is_none() => Ok(None),
+            None => Err(format!(
+                "domain {domid} may not connect to a peer without a GID (a LID-only address \
+                 vector names no address [cm] allowed-peers could allow)"
+            )),
+        }
+    }
+
     /// What domain `domid` holds.
     pub fn usage(&self, domid: u32) -> CmUsage {
         self.lock().get(&domid).copied().unwrap_or_default()
@@ -107,6 +126,24 @@ impl CmPolicy {
     }
 }
 
+/// The address `[cm] allowed-peers` checks for an address vector's GID. A GID is 16 bytes an
+/// IPv6 address could be: RoCE v2 GIDs *are* the peer's addresses — an IPv4 peer's is the
+/// IPv4-mapped `::ffff:a.b.c.d`, checked as that IPv4 address (as `Connect` checks a
+/// v4-mapped address); any other GID (RoCE v2 IPv6, RoCE v1 and InfiniBand's `fe80::`
+/// link-local or subnet-prefix + port GUID) is checked as the IPv6 address it spells, so an
+/// allowed-peers list admits such a peer only by an IPv6 network that contains it. The
+/// all-zero GID (InfiniBand without a global route: the peer is a LID) is no address.
+pub fn gid_peer(gid: [u8; 16]) -> Option<IpAddr> {
+    let v6 = Ipv6Addr::from(gid);
+    if v6.is_unspecified() {
+        return None;
+    }
+    Some(match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,5 +169,42 @@ mod tests {
         assert_eq!(p.usage(4).listeners, 2);
         p.refund(4, CmResource::Listeners, 5);
         assert_eq!(p.usage(4), CmUsage::default());
+    }
+
+    fn gid(s: &str) -> [u8; 16] {
+        s.parse::<Ipv6Addr>().unwrap().octets()
+    }
+
+    #[test]
+    fn an_address_vector_s_gid_is_checked_against_allowed_peers() {
+        let p = CmPolicy::new(
+            crate::config::Config::parse(
+                "[cm]\nallowed-peers = [\"10.77.0.0/24\", \"fd00::/8\"]\n\
+                 [cm.domain.6]\nallowed-peers = [\"10.77.0.1/32\"]",
+                "t",
+            )
+            .unwrap()
+            .cm,
+        );
+        // RoCE v2 GID of an IPv4 peer: the v4-mapped address, checked as IPv4.
+        assert_eq!(
+            p.av_peer_allowed(4, gid("::ffff:10.77.0.9")),
+            Ok(Some("10.77.0.9".parse().unwrap()))
+        );
+        let e = p.av_peer_allowed(4, gid("::ffff:10.78.0.1")).unwrap_err();
+        assert!(e.contains("may not connect to GID ::ffff:10.78.0.1"), "{e}");
+        assert!(e.contains("allowed-peers"), "{e}");
+        // Per-domain lists replace the global one.
+        assert!(p.av_peer_allowed(6, gid("::ffff:10.77.0.9")).is_err());
+        assert!(p.av_peer_allowed(6, gid("::ffff:10.77.0.1")).is_ok());
+        // Other GIDs are the IPv6 addresses they spell: RoCE v2 IPv6, link-local.
+        assert!(p.av_peer_allowed(4, gid("fd00::5")).is_ok());
+        assert!(p.av_peer_allowed(4, gid("fe80::200:5eff:fe00:1")).is_err());
+        // No GID (LID only): refused where a list exists, allowed where none does.
+        let e = p.av_peer_allowed(4, [0; 16]).unwrap_err();
+        assert!(e.contains("without a GID"), "{e}");
+        let open = CmPolicy::default();
+        assert_eq!(open.av_peer_allowed(4, [0; 16]), Ok(None));
+        assert!(open.av_peer_allowed(4, gid("fe80::1")).is_ok());
     }
 }

@@ -26,7 +26,8 @@ use super::policy::{CmPolicy, CmResource};
 use crate::config::canonical_ip;
 use crate::device::{
     ChannelId, ChannelMode, ChannelSetup, CmInfo, ConnRequestId, CqId, CqSetup, Device,
-    DeviceError, ListenerId, MrHandle, MrSetup, Notifier, PdId, QpNum, QpSetup, WorkQueue,
+    DeviceError, ListenerId, MrHandle, MrSetup, Notifier, PdId, QpNum, QpSetup, RemoteAv,
+    WorkQueue,
 };
 use crate::resources::budget::{BudgetExceeded, BudgetLimits, HostBudget, Pool};
 use crate::resources::table::{ChannelTable, CqEntry, MrEntry, QpEntry};
@@ -97,6 +98,8 @@ enum Kind {
 #[derive(Debug, Clone, Copy)]
 struct PendingConnect {
     req_id: u32,
+    /// `Connect`, or `ConnectAv` (the software device's pairing at RTR).
+    op: Op,
     qp: QpNum,
     deadline: Instant,
 }
@@ -283,7 +286,10 @@ impl ControlService {
                 reply,
             },
             Some(Err(r)) => {
-                if r.status == Status::QuotaExceeded || r.status == Status::NoResources {
+                if matches!(
+                    r.status,
+                    Status::QuotaExceeded | Status::NoResources | Status::NotPermitted
+                ) {
                     tracing::warn!(device = %self.device_id, channel = self.channel, ?op, "{:?}: {}", r.status, r.why);
                 } else {
                     tracing::debug!(device = %self.device_id, channel = self.channel, ?op, "{:?}: {}", r.status, r.why);
@@ -323,7 +329,7 @@ impl ControlService {
             out.push(
                 ResponseRepr {
                     req_id: p.req_id,
-                    op: Op::Connect,
+                    op: p.op,
                     status,
                     reply: Reply::Empty,
                 }
@@ -434,6 +440,7 @@ impl ControlService {
                     Ok(()) => {
                         self.pending.push(PendingConnect {
                             req_id,
+                            op: Op::Connect,
                             qp: QpNum(qp),
                             deadline: Instant::now() + self.connect_timeout,
                         });
@@ -441,6 +448,37 @@ impl ControlService {
                     }
                     Err(r) => Some(Err(r)),
                 }
+            }
+            Request::ConnectAv {
+                qp,
+                remote_qpn,
+                gid,
+                rq_psn,
+                sq_psn,
+                lid,
+                path_mtu,
+                rts,
+            } => {
+                let remote = RemoteAv {
+                    gid,
+                    lid,
+                    qpn: remote_qpn,
+                    psn: rq_psn,
+                    mtu: u32::from(path_mtu),
+                };
+                return match self.connect_av(ch, QpNum(qp), remote, rts.then_some(sq_psn)) {
+                    Ok(true) => Some(Ok(Reply::Empty)),
+                    Ok(false) => {
+                        self.pending.push(PendingConnect {
+                            req_id,
+                            op: Op::ConnectAv,
+                            qp: QpNum(qp),
+                            deadline: Instant::now() + self.connect_timeout,
+                        });
+                        None
+                    }
+                    Err(r) => Some(Err(r)),
+                };
             }
             Request::Accept {
                 request,
@@ -966,6 +1004,58 @@ impl ControlService {
         // out by itself.
         self.device.connect_qp(ch, qp, remote)?;
         Ok(())
+    }
+
+    /// An address-vector connect (`ibv_modify_qp` to RTR, and with `sq_psn` on to RTS): the
+    /// peer's GID is checked against `[cm] allowed-peers` first, whatever the device and the
+    /// step. A device with address vectors moves the QP at once (`Ok(true)`: answer now).
+    /// The software device has none: at RTR it pairs with QP `remote.qpn` of this backend
+    /// when the GID is this backend's own (`Ok(false)`: answered when connected, as a
+    /// pairing `Connect`); the RTS is then the pairing's (`Ok(true)`, nothing to do).
+    fn connect_av(
+        &mut self,
+        ch: ChannelId,
+        qp: QpNum,
+        remote: RemoteAv,
+        sq_psn: Option<u32>,
+    ) -> Result<bool, Refusal> {
+        self.own_qp(qp)?;
+        if self.cm_connects.contains(&qp) {
+            return Err(Refusal::new(
+                Status::Busy,
+                format!("QP {} is connecting through the connection manager", qp.0),
+            ));
+        }
+        let domid = self.device_id.domid;
+        let has_av = self.device.local_av().is_some();
+        // Without address vectors the all-zero GID names this backend (checked as a pairing
+        // `Connect` is, below).
+        if has_av || remote.gid != [0; 16] {
+            self.cm
+                .av_peer_allowed(domid, remote.gid)
+                .map_err(|why| Refusal::new(Status::NotPermitted, why))?;
+        }
+        if has_av {
+            self.device.connect_qp_av(ch, qp, remote, sq_psn)?;
+            return Ok(true);
+        }
+        if let Some(ip) = crate::control::policy::gid_peer(remote.gid) {
+            if !self.device.local_addrs().contains(&ip) {
+                return Err(Refusal::new(
+                    Status::NotSupported,
+                    format!(
+                        "the device has no address vectors: a QP pairs with QPs of this \
+                         backend only, and {ip} is not one of its addresses (connect through \
+                         the connection manager between hosts)"
+                    ),
+                ));
+            }
+        }
+        if sq_psn.is_some() {
+            return Ok(true);
+        }
+        self.connect(ch, qp, 0, remote.gid, QpNum(remote.qpn), PrivData::NONE)?;
+        Ok(false)
     }
 
     /// A connection-manager connect to `addr:port` with private data; answered at once, the

@@ -140,6 +140,8 @@ pub struct RemoteAv {
     pub qpn: u32,
     /// The peer's first send PSN (24 bits): this QP's expected receive PSN.
     pub psn: u32,
+    /// The path MTU, ibverbs' `enum ibv_mtu` (1: 256 … 5: 4096); 0: the device's choice.
+    pub mtu: u32,
 }
 
 /// This device's own address for address vectors ([`Device::local_av`]).
@@ -495,16 +497,17 @@ pub trait Device: Send + Sync {
     fn local_av(&self) -> Option<LocalAv> {
         None
     }
-    /// Connects `qp` (Init or Rtr, not connecting) to the RC peer `remote` by address vector:
-    /// the QP goes RTR/RTS at once (its first send PSN is `local_psn`) and the channel gets
-    /// `QpEstablished`; whether the peer is there shows on the data path (retry exceeded).
+    /// Connects `qp` (Init, not connecting) to the RC peer `remote` by address vector, as
+    /// `ibv_modify_qp` does: the QP goes RTR at once; with `local_psn` (its first send PSN)
+    /// on to RTS, and the channel gets `QpEstablished`. Repeating a step towards the same
+    /// peer is no error. Whether the peer is there shows on the data path (retry exceeded).
     /// Devices without address vectors answer `NotSupported`.
     fn connect_qp_av(
         &self,
         ch: ChannelId,
         qp: QpNum,
         remote: RemoteAv,
-        local_psn: u32,
+        local_psn: Option<u32>,
     ) -> DeviceResult<()> {
         let _ = (ch, qp, remote, local_psn);
         Err(DeviceError::NotSupported("address vectors"))

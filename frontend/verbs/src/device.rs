@@ -598,6 +598,32 @@ pub unsafe extern "C" fn vrdma_verbs_ibv_get_async_event(
                     },
                     None => continue,
                 },
+                // The verbs device's QP and port events (backend.md, "HCA async events").
+                vrdma::EventKind::QpCommEstablished
+                | vrdma::EventKind::QpLastWqeReached
+                | vrdma::EventKind::QpPathMigrated
+                | vrdma::EventKind::QpPathMigrationError => match lookup(&ctx.qps) {
+                    Some(p) => ibv_async_event {
+                        element: ibv_async_event_element {
+                            qp: p as *mut ibv_qp,
+                        },
+                        event_type: match kind {
+                            vrdma::EventKind::QpCommEstablished => IBV_EVENT_COMM_EST,
+                            vrdma::EventKind::QpLastWqeReached => IBV_EVENT_QP_LAST_WQE_REACHED,
+                            vrdma::EventKind::QpPathMigrated => IBV_EVENT_PATH_MIG,
+                            _ => IBV_EVENT_PATH_MIG_ERR,
+                        },
+                    },
+                    None => continue,
+                },
+                vrdma::EventKind::PortActive | vrdma::EventKind::PortError => ibv_async_event {
+                    element: ibv_async_event_element { port_num: 1 },
+                    event_type: if kind == vrdma::EventKind::PortActive {
+                        IBV_EVENT_PORT_ACTIVE
+                    } else {
+                        IBV_EVENT_PORT_ERR
+                    },
+                },
                 _ => ibv_async_event {
                     element: ibv_async_event_element { port_num: 1 },
                     event_type: IBV_EVENT_DEVICE_FATAL,

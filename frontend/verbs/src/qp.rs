@@ -4,7 +4,7 @@ use std::ffi::{c_int, c_uint};
 use std::sync::Mutex;
 
 use verbs_abi::verbs::*;
-use vrdma::{QpEndpoint, RemoteMr, SendOp, Sge};
+use vrdma::{RemoteMr, SendOp, Sge};
 
 use crate::cq::Cq;
 use crate::device::Ctx;
@@ -20,9 +20,13 @@ pub(crate) struct Qp {
     attr: Mutex<ibv_qp_attr>,
     init: ibv_qp_init_attr,
     sq_sig_all: bool,
-    /// The pairing `Connect` of the move to RTR, answered once the peer names this QP too:
-    /// the first post_send waits for it (see `modify_qp`).
+    /// The `ConnectAv` of the move to RTR towards this backend's own GID: on the software
+    /// device a pairing, answered once the peer names this QP too; the first post_send
+    /// waits for it (see `modify_qp`).
     connecting: Mutex<Option<std::thread::JoinHandle<Result<(), i32>>>>,
+    /// The address vector of the move to RTR; the move to RTS sends it again with the send
+    /// PSN.
+    av: Mutex<Option<vrdma::AddressVector>>,
 }
 
 impl Qp {
@@ -224,6 +228,7 @@ pub unsafe extern "C" fn vrdma_verbs_ibv_create_qp(
             init: *ia,
             sq_sig_all: ia.sq_sig_all != 0,
             connecting: Mutex::new(None),
+            av: Mutex::new(None),
         }));
         if let Some(ctx) = ctx {
             ctx.qps
@@ -259,17 +264,34 @@ pub unsafe extern "C" fn vrdma_verbs_ibv_destroy_qp(p: *mut ibv_qp) -> c_int {
     })
 }
 
-/// The peer's address for `vrdma::QueuePair::connect` from an address vector: no GRH, or our
-/// own GID, means "on this backend". Any other GID names another host, which an address
-/// vector cannot reach: the backend pairs QPs by number on its own host only, between hosts
-/// a QP connects through the connection manager (rdma_cm). `None` then.
-fn peer_addr(ctx: &Ctx, ah: &ibv_ah_attr) -> Option<[u8; 16]> {
-    let own = ctx.vr.backend_addr_raw();
-    if ah.is_global == 0 || ah.grh.dgid.raw() == ctx.gid {
-        Some(own)
+/// The address vector of a move to RTR (`a`, `mask`; what is not in the mask from `cur`).
+/// The GID is the AV's global route's, or all zero without one (InfiniBand's LID; the
+/// software device's "this backend"); our own GID invented for a backend that publishes no
+/// address (see `device::gid_for`) is all zero too. `None`: an MTU ibverbs does not have.
+fn av_of(
+    ctx: &Ctx,
+    a: &ibv_qp_attr,
+    cur: &ibv_qp_attr,
+    mask: c_uint,
+) -> Option<vrdma::AddressVector> {
+    let ah = &a.ah_attr;
+    let mut gid = if ah.is_global != 0 {
+        ah.grh.dgid.raw()
     } else {
-        None
+        [0; 16]
+    };
+    if gid == ctx.gid && ctx.vr.backend_addr_raw() == [0; 16] {
+        gid = [0; 16];
     }
+    let pick = |bit: c_uint, new: u32, old: u32| if mask & bit != 0 { new } else { old };
+    let path_mtu = pick(IBV_QP_PATH_MTU, a.path_mtu, cur.path_mtu);
+    Some(vrdma::AddressVector {
+        gid,
+        lid: ah.dlid,
+        qp_num: a.dest_qp_num,
+        rq_psn: pick(IBV_QP_RQ_PSN, a.rq_psn, cur.rq_psn) & 0xff_ffff,
+        path_mtu: u8::try_from(path_mtu).ok().filter(|m| *m <= 5)?,
+    })
 }
 
 #[no_mangle]
@@ -318,35 +340,47 @@ pub unsafe extern "C" fn vrdma_verbs_ibv_modify_qp(
             if mask & IBV_QP_AV == 0 || mask & IBV_QP_DEST_QPN == 0 {
                 return EINVAL;
             }
-            let Some(addr) = peer_addr(ctx, &a.ah_attr) else {
-                if std::env::var_os("VRDMA_VERBS_LOG").is_some() {
-                    eprintln!(
-                        "vrdma-verbs: ibv_modify_qp(RTR): the address vector's GID is another \
-                         host's: address vectors reach QPs of this host only, connect through \
-                         rdma_cm between hosts"
-                    );
-                }
-                return EOPNOTSUPP;
+            let Some(av) = av_of(ctx, a, &cur, mask) else {
+                return EINVAL;
             };
-            let ep = QpEndpoint {
-                addr,
-                qp_num: a.dest_qp_num,
-            };
-            // The backend answers when both ends have named each other, which may be after
-            // this program tells its peer our QP number: connect in the background, and let
-            // the first post_send wait for it.
             let conn = qp.vr.lock().unwrap_or_else(|e| e.into_inner()).connector();
-            let t = std::thread::Builder::new()
-                .name("vrdma-verbs-connect".into())
-                .spawn(move || {
-                    conn.connect(&ep)
-                        .map_err(|e| fail("ibv_modify_qp(RTR): connect", &e))
-                });
-            match t {
-                Ok(t) => {
-                    *qp.connecting.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
+            if av.gid == [0; 16] || av.gid == ctx.gid {
+                // This backend's own GID: on the software device a pairing, which the
+                // backend answers when both ends have named each other, possibly after this
+                // program tells its peer our QP number: connect in the background, and let
+                // the first post_send wait for it. (A device with address vectors answers
+                // at once.)
+                let t = std::thread::Builder::new()
+                    .name("vrdma-verbs-connect".into())
+                    .spawn(move || {
+                        conn.connect_av(&av, None)
+                            .map_err(|e| fail("ibv_modify_qp(RTR): connect", &e))
+                    });
+                match t {
+                    Ok(t) => {
+                        *qp.connecting.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
+                    }
+                    Err(_) => return EAGAIN,
                 }
-                Err(_) => return EAGAIN,
+            } else if let Err(e) = conn.connect_av(&av, None) {
+                // Another host: the backend checks the peer against the domain's allowed
+                // peers and answers at once (the software device cannot reach it).
+                return fail("ibv_modify_qp(RTR)", &e);
+            }
+            *qp.av.lock().unwrap_or_else(|e| e.into_inner()) = Some(av);
+        }
+        if from == IBV_QPS_RTR && to == IBV_QPS_RTS {
+            let av = *qp.av.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(av) = av {
+                let psn = if mask & IBV_QP_SQ_PSN != 0 {
+                    a.sq_psn
+                } else {
+                    cur.sq_psn
+                } & 0xff_ffff;
+                let conn = qp.vr.lock().unwrap_or_else(|e| e.into_inner()).connector();
+                if let Err(e) = conn.connect_av(&av, Some(psn)) {
+                    return fail("ibv_modify_qp(RTS)", &e);
+                }
             }
         }
         // Remember what was set (ibv_query_qp reports it).

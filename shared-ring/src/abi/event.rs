@@ -43,6 +43,19 @@ pub enum EventKind {
     /// A connect failed without an answer: timeout, TCP refused or reset during setup, or a
     /// protocol error in the peer's reply.
     ConnectUnreachable = 8,
+    /// The device saw the first packet on a QP in RTR (ibverbs' `IBV_EVENT_COMM_EST`).
+    QpCommEstablished = 9,
+    /// A QP in Error has no more receive WQEs to flush (`IBV_EVENT_QP_LAST_WQE_REACHED`).
+    QpLastWqeReached = 10,
+    /// A QP migrated to its alternate path (`IBV_EVENT_PATH_MIG`).
+    QpPathMigrated = 11,
+    /// A QP's path migration failed (`IBV_EVENT_PATH_MIG_ERR`).
+    QpPathMigrationError = 12,
+    /// The device's port became ACTIVE (`IBV_EVENT_PORT_ACTIVE`; handle 0, detail the port).
+    PortActive = 13,
+    /// The device's port left ACTIVE (`IBV_EVENT_PORT_ERR`; handle 0, detail the port): QPs
+    /// keep their state, their requests fail (retry exceeded) until it comes back.
+    PortError = 14,
 }
 
 impl EventKind {
@@ -56,6 +69,12 @@ impl EventKind {
             6 => Self::QpDisconnected,
             7 => Self::ConnectRejected,
             8 => Self::ConnectUnreachable,
+            9 => Self::QpCommEstablished,
+            10 => Self::QpLastWqeReached,
+            11 => Self::QpPathMigrated,
+            12 => Self::QpPathMigrationError,
+            13 => Self::PortActive,
+            14 => Self::PortError,
             _ => {
                 return Err(AbiError::Unknown {
                     what: "event kind",
@@ -151,6 +170,31 @@ mod tests {
             }
         );
         assert_eq!(e.to_bytes(), b);
+        // The device's events (verbs device): 9..=14; 15 is unknown.
+        let mut p = [0u8; 32];
+        p[0] = 14;
+        p[8] = 1;
+        assert_eq!(
+            EventRepr::from_bytes(&p).unwrap(),
+            EventRepr {
+                kind: EventKind::PortError,
+                handle: 0,
+                detail: 1
+            }
+        );
+        p[0] = 9;
+        assert_eq!(
+            EventRepr::from_bytes(&p).unwrap().kind,
+            EventKind::QpCommEstablished
+        );
+        p[0] = 15;
+        assert!(matches!(
+            EventRepr::from_bytes(&p),
+            Err(AbiError::Unknown {
+                what: "event kind",
+                value: 15
+            })
+        ));
         b[20] = 1;
         assert_eq!(
             EventRepr::from_bytes(&b).err(),

@@ -14,8 +14,8 @@
 //!   completion channel's fd.
 //!
 //! Partial (issue 13): connections are loopback pairs of QPs of this device
-//! ([`Device::connect_qp`]), address vectors ([`Device::connect_qp_av`], not yet reachable
-//! from the control ring and not yet checked against the domain's allowed peers), or rdma_cm
+//! ([`Device::connect_qp`]), address vectors ([`Device::connect_qp_av`]: the guest's
+//! `ConnectAv`, its peer checked by the daemon), or rdma_cm
 //! on librdmacm ([`cm`], started by [`VerbsDevice::with_cm`]).
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -38,7 +38,7 @@ use shared_ring::queue::Producer;
 use shared_ring::{WqConsumer, PAGE_SIZE};
 
 use super::abi::*;
-use super::probe::{port_av, to_init, to_rts, PortAv};
+use super::probe::{port_av, rtr_to_rts, to_init, to_rtr, to_rts, PortAv};
 use super::relay::{self, KeyEntry, KeyMap, Pending, Queue};
 use super::{CompChannel, Context, VerbsError, VerbsLib};
 use crate::device::objects::{lock, Doorbells};
@@ -159,8 +159,10 @@ struct VQp {
     recv_cq: Arc<VCq>,
     sig_all: bool,
     state: Mutex<QpState>,
-    /// The QP this one named in `connect_qp`.
+    /// The QP this one named in `connect_qp` or `connect_qp_av`.
     peer: Mutex<Option<QpNum>>,
+    /// The address vector of `connect_qp_av` (the HCA QP is in RTR or RTS towards it).
+    av: Mutex<Option<RemoteAv>>,
     sq: Mutex<WqRelay>,
     rq: Mutex<WqRelay>,
     slots: (u32, u32),
@@ -256,10 +258,30 @@ struct Inner {
 pub struct VerbsDevice {
     inner: Arc<Inner>,
     thread: Option<JoinHandle<()>>,
+    /// Reads the device's asynchronous events ([`Inner::watch_async`]).
+    async_thread: Option<JoinHandle<()>>,
     cm: std::sync::OnceLock<cm::VerbsCm>,
 }
 
 impl VerbsDevice {
+    /// The address vector towards `remote`: the port's current GID table (its first 256
+    /// entries; RoCE GIDs follow the netdev's addresses) and active MTU.
+    fn remote_av(&self, remote: &RemoteAv) -> Result<PortAv, String> {
+        let inner = &self.inner;
+        let port = inner.av.port;
+        let pattr = inner.ctx.query_port(port).map_err(|e| e.to_string())?;
+        let mut gids = Vec::new();
+        if inner.av.gid.is_some() {
+            for i in 0..pattr.gid_tbl_len.clamp(0, 256) {
+                match inner.ctx.query_gid(port, i) {
+                    Ok(g) if g.raw() != [0; 16] => gids.push((i, g.raw())),
+                    _ => {}
+                }
+            }
+        }
+        super::av::remote_av(&inner.av, remote, pattr.active_mtu, &gids)
+    }
+
     /// Opens port `port` of device `ibdev` (it must be ACTIVE) and starts the relay thread.
     pub fn open(
         lib: &VerbsLib,
@@ -302,15 +324,29 @@ impl VerbsDevice {
             poked: AtomicBool::new(false),
             graveyard: Mutex::new(Vec::new()),
         });
+        inner.ctx.set_async_nonblocking()?;
         let run = inner.clone();
         let thread = std::thread::Builder::new()
             .name(format!("vrdma-relay-{ibdev}"))
             .spawn(move || run.relay(poll))
             .map_err(|e| VerbsError::call("spawning the relay thread", e))?;
+        let run = inner.clone();
+        let async_thread = match std::thread::Builder::new()
+            .name(format!("vrdma-async-{ibdev}"))
+            .spawn(move || run.watch_async())
+        {
+            Ok(t) => t,
+            Err(e) => {
+                inner.waker.stop();
+                let _ = thread.join();
+                return Err(VerbsError::call("spawning the async event thread", e));
+            }
+        };
         tracing::info!(device = ibdev, port, ?attrs, "verbs device open");
         Ok(Self {
             inner,
             thread: Some(thread),
+            async_thread: Some(async_thread),
             cm: std::sync::OnceLock::new(),
         })
     }
@@ -335,6 +371,9 @@ impl Drop for VerbsDevice {
         }
         self.inner.waker.stop();
         if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let Some(t) = self.async_thread.take() {
             let _ = t.join();
         }
         // Everything the channels hold goes now (registrations before mappings, QPs before
@@ -427,6 +466,135 @@ impl Inner {
             }
             idle_since = Instant::now();
         }
+    }
+
+    /// The async-event thread: waits (bounded, to see `stop`) for the non-blocking async fd,
+    /// then reads every event there is ([`Context::next_async_event`] copies and
+    /// acknowledges each before any lock is taken) and forwards it ([`Self::async_event`]).
+    fn watch_async(self: Arc<Self>) {
+        use rustix::event::{poll, PollFd, PollFlags, Timespec};
+        // SAFETY: the context's async fd, open as long as the context (`self` holds it).
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(self.ctx.async_fd()) };
+        let tick = Timespec {
+            tv_sec: 0,
+            tv_nsec: 200_000_000,
+        };
+        while !self.waker.stop.load(Ordering::SeqCst) {
+            let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+            match poll(&mut fds, Some(&tick)) {
+                Ok(0) => continue,
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => {
+                    tracing::error!("verbs async events: poll failed: {e}");
+                    std::thread::sleep(Duration::from_millis(200));
+                    continue;
+                }
+            }
+            loop {
+                match self.ctx.next_async_event() {
+                    Ok(Some(ev)) => self.async_event(&ev),
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::error!("verbs async events: {e}");
+                        std::thread::sleep(Duration::from_millis(200));
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Forwards one asynchronous event of the device to the guests it concerns
+    /// ([`super::events::action`]).
+    fn async_event(&self, ev: &super::AsyncEvent) {
+        use super::events::Action;
+        let act = super::events::action(ev, self.av.port);
+        let name = super::events::name(ev.kind);
+        if act == Action::Ignore {
+            tracing::info!(event = %name, element = ?ev.element, "device event (not forwarded)");
+            return;
+        }
+        tracing::info!(event = %name, element = ?ev.element, "device event: {act:?}");
+        let chans: Vec<Arc<VChan>> = lock(&self.tables).channels.values().cloned().collect();
+        match act {
+            Action::Qp {
+                qpn,
+                kind,
+                detail,
+                fail,
+            } => {
+                let found = {
+                    let t = lock(&self.tables);
+                    t.qps
+                        .get(&QpNum(qpn))
+                        .and_then(|ch| t.channels.get(ch).cloned())
+                };
+                let Some(c) = found else { return };
+                let Some(q) = lock(&c.res).qps.get(&QpNum(qpn)).cloned() else {
+                    return;
+                };
+                if fail {
+                    fail_qp(&c, &q, false);
+                }
+                c.post(&EventRepr {
+                    kind,
+                    handle: qpn,
+                    detail,
+                });
+            }
+            Action::Cq { handle } => {
+                for c in &chans {
+                    let (cqs, qps): (Vec<CqId>, Vec<Arc<VQp>>) = {
+                        let r = lock(&c.res);
+                        let cqs: Vec<CqId> = r
+                            .cqs
+                            .iter()
+                            .filter(|(_, v)| v.hca.handle() == handle)
+                            .map(|(id, _)| *id)
+                            .collect();
+                        let hit = |v: &Arc<VCq>| {
+                            cqs.iter()
+                                .any(|id| r.cqs.get(id).is_some_and(|x| Arc::ptr_eq(x, v)))
+                        };
+                        let qps = r
+                            .qps
+                            .values()
+                            .filter(|q| hit(&q.send_cq) || hit(&q.recv_cq))
+                            .cloned()
+                            .collect();
+                        (cqs, qps)
+                    };
+                    for cq in cqs {
+                        c.post(&EventRepr {
+                            kind: EventKind::CqOverrun,
+                            handle: cq.0,
+                            detail: 0,
+                        });
+                    }
+                    for q in qps {
+                        fail_qp(c, &q, true);
+                    }
+                }
+            }
+            Action::All { kind, detail, fail } => {
+                for c in &chans {
+                    if fail {
+                        let qps: Vec<Arc<VQp>> = lock(&c.res).qps.values().cloned().collect();
+                        for q in qps {
+                            fail_qp(c, &q, false);
+                        }
+                    }
+                    c.post(&EventRepr {
+                        kind,
+                        handle: 0,
+                        detail,
+                    });
+                }
+            }
+            Action::Ignore => {}
+        }
+        self.poke();
     }
 
     /// Destroys the HCA CQs of the graveyard that nothing else holds any more (their QPs are
@@ -1130,6 +1298,7 @@ impl Device for VerbsDevice {
             sig_all: s.sq_sig_all,
             state: Mutex::new(QpState::Init),
             peer: Mutex::new(None),
+            av: Mutex::new(None),
             sq: wq(sq, cap.max_send_wr.min(sq_n as u32)),
             rq: wq(rq, cap.max_recv_wr.min(rq_n as u32)),
             slots: (s.sq_slot, s.rq_slot),
@@ -1231,7 +1400,11 @@ impl Device for VerbsDevice {
             .get(&remote)
             .and_then(|rc| t.channels.get(rc))
             .and_then(|rc| Some((rc.clone(), lock(&rc.res).qps.get(&remote).cloned()?)))
-            .filter(|(_, r)| *lock(&r.peer) == Some(qp) && *lock(&r.state) == QpState::Rtr);
+            .filter(|(_, r)| {
+                *lock(&r.peer) == Some(qp)
+                    && *lock(&r.state) == QpState::Rtr
+                    && lock(&r.av).is_none()
+            });
         drop(t);
         let Some((rc, r)) = r else { return Ok(()) };
         let av = self.inner.av;
@@ -1276,47 +1449,86 @@ impl Device for VerbsDevice {
         })
     }
 
-    /// RTR/RTS towards `remote` through this device's port (RoCE: a global route from the
-    /// port's GID, hop limit 1). Partial: no per-domain check of the peer yet.
+    /// RTR (and RTS with `local_psn`) towards `remote` through this device's port (RoCE: a
+    /// global route, hop limit 1, from the port's GID of the peer's family:
+    /// [`super::av::remote_av`]). The daemon checked the peer against the domain's allowed
+    /// peers before. Repeating a step already made towards the same peer is no error (the
+    /// guest library may send the RTR after the RTS: it sends its RTR from a thread).
     fn connect_qp_av(
         &self,
         ch: ChannelId,
         qp: QpNum,
         remote: RemoteAv,
-        local_psn: u32,
+        local_psn: Option<u32>,
     ) -> DeviceResult<()> {
-        if remote.psn > 0xff_ffff || local_psn > 0xff_ffff || remote.qpn > 0xff_ffff {
+        if remote.psn > 0xff_ffff
+            || local_psn.is_some_and(|p| p > 0xff_ffff)
+            || remote.qpn > 0xff_ffff
+        {
             return Err(inval("PSNs and QP numbers are 24 bits"));
         }
         let c = self.inner.chan(ch)?;
         let q = lock(&c.res).qps.get(&qp).cloned().ok_or(bad("QP", qp.0))?;
-        if !matches!(
-            *lock(&q.state),
-            QpState::Reset | QpState::Init | QpState::Rtr
-        ) {
-            return Err(DeviceError::ConnectionRefused(qp.0, "QP is not in Init"));
-        }
-        {
-            let mut p = lock(&q.peer);
-            if p.is_some() {
+        let state = *lock(&q.state);
+        let have = *lock(&q.av);
+        match (state, have) {
+            (QpState::Reset | QpState::Init | QpState::Rtr, None) => {
+                {
+                    let mut p = lock(&q.peer);
+                    if p.is_some() {
+                        return Err(DeviceError::ConnectionRefused(
+                            qp.0,
+                            "QP is already connecting",
+                        ));
+                    }
+                    *p = Some(QpNum(remote.qpn));
+                }
+                let av = match self.remote_av(&remote) {
+                    Ok(av) => av,
+                    Err(why) => {
+                        *lock(&q.peer) = None;
+                        tracing::warn!(qp = qp.0, "RTR by address vector: {why}");
+                        return Err(DeviceError::ConnectionRefused(
+                            qp.0,
+                            "the device cannot reach that address vector (see the backend's \
+                             log)",
+                        ));
+                    }
+                };
+                if let Err(e) = to_rtr(&q.hca, remote.qpn, &av, remote.psn) {
+                    tracing::warn!(qp = qp.0, "RTR by address vector: {e}");
+                    fail_qp(&c, &q, false);
+                    self.inner.poke();
+                    return Err(DeviceError::ConnectionRefused(
+                        qp.0,
+                        "the device refused the address vector",
+                    ));
+                }
+                *lock(&q.av) = Some(remote);
+                *lock(&q.state) = QpState::Rtr;
+            }
+            (QpState::Rtr | QpState::Rts, Some(a)) if a == remote => {}
+            (QpState::Rtr | QpState::Rts, Some(_)) => {
                 return Err(DeviceError::ConnectionRefused(
                     qp.0,
-                    "QP is already connected",
-                ));
+                    "QP is connected to another address vector",
+                ))
             }
-            *p = Some(QpNum(remote.qpn));
+            _ => return Err(DeviceError::ConnectionRefused(qp.0, "QP is not in Init")),
         }
-        let mut av = self.inner.av;
-        av.lid = remote.lid;
-        if av.gid.is_some() {
-            av.gid = Some(ibv_gid { raw: remote.gid });
+        let Some(psn) = local_psn else {
+            return Ok(());
+        };
+        if *lock(&q.state) == QpState::Rts {
+            return Ok(());
         }
-        if let Err(e) = to_rts(&q.hca, remote.qpn, &av, local_psn, remote.psn) {
-            tracing::warn!(qp = qp.0, "RTR/RTS by address vector: {e}");
+        if let Err(e) = rtr_to_rts(&q.hca, psn) {
+            tracing::warn!(qp = qp.0, "RTS by address vector: {e}");
             fail_qp(&c, &q, false);
+            self.inner.poke();
             return Err(DeviceError::ConnectionRefused(
                 qp.0,
-                "the device refused the address vector",
+                "the device refused the move to RTS",
             ));
         }
         *lock(&q.state) = QpState::Rts;

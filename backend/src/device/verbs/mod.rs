@@ -20,8 +20,10 @@
 //!
 //! [`probe`] lists the devices and runs a loopback self-test (`vrdmactl verbs-probe`).
 
+mod av;
 mod device;
 mod dl;
+mod events;
 mod keeper;
 pub mod probe;
 mod relay;
@@ -381,6 +383,50 @@ impl Context {
         })
     }
 
+    /// The next asynchronous event of the device, copied out (its QP's number, its CQ's
+    /// kernel handle) and acknowledged before returning — `ibv_destroy_qp`/`_cq` wait for
+    /// their events to be acknowledged, so nothing is held. `None` when there is none (the
+    /// async fd must have been made non-blocking with [`Context::set_async_nonblocking`]).
+    pub fn next_async_event(&self) -> Result<Option<AsyncEvent>, VerbsError> {
+        let mut ev = ibv_async_event::default();
+        // SAFETY: a live context and a valid out-struct.
+        let rc = unsafe { (self.lib().fns().get_async_event)(self.raw(), &mut ev) };
+        if rc != 0 {
+            let e = rc_error(rc);
+            if matches!(e.kind(), std::io::ErrorKind::WouldBlock) {
+                return Ok(None);
+            }
+            return Err(VerbsError::call("ibv_get_async_event", e));
+        }
+        let kind = ev.event_type;
+        // SAFETY: the union member the event type names (ibverbs' documented pairing); the
+        // object is live until the event is acknowledged below.
+        let element = unsafe {
+            match AsyncElement::class_of(kind) {
+                AsyncClass::Qp if !ev.element.qp.is_null() => {
+                    AsyncElement::Qp((*ev.element.qp).qp_num)
+                }
+                AsyncClass::Cq if !ev.element.cq.is_null() => {
+                    AsyncElement::Cq((*ev.element.cq).handle)
+                }
+                AsyncClass::Port => AsyncElement::Port(ev.element.port_num),
+                AsyncClass::Device => AsyncElement::Device,
+                _ => AsyncElement::Other,
+            }
+        };
+        // SAFETY: the event just returned by ibv_get_async_event, acknowledged once.
+        unsafe { (self.lib().fns().ack_async_event)(&mut ev) };
+        Ok(Some(AsyncEvent { kind, element }))
+    }
+
+    /// Makes the async-event fd non-blocking (for [`Context::next_async_event`]).
+    pub fn set_async_nonblocking(&self) -> Result<(), VerbsError> {
+        // SAFETY: the context's async fd, open as long as the context.
+        let fd = unsafe { BorrowedFd::borrow_raw(self.async_fd()) };
+        rustix::io::ioctl_fionbio(fd, true)
+            .map_err(|e| VerbsError::call("ioctl(FIONBIO) on the async event fd", e.into()))
+    }
+
     /// `ibv_get_async_event` (blocks until one arrives unless the fd was made non-blocking):
     /// the event type, acknowledged before returning.
     pub fn get_async_event(&self) -> Result<u32, VerbsError> {
@@ -622,6 +668,63 @@ impl CompChannel {
     }
 }
 
+/// An asynchronous event of the device ([`Context::next_async_event`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AsyncEvent {
+    /// `enum ibv_event_type`.
+    pub kind: u32,
+    pub element: AsyncElement,
+}
+
+/// What an asynchronous event is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AsyncElement {
+    /// A QP, by number.
+    Qp(u32),
+    /// A CQ, by kernel handle ([`Cq::handle`]).
+    Cq(u32),
+    Port(c_int),
+    Device,
+    /// An SRQ or WQ (vrdma creates none), or an event type this code does not know.
+    Other,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AsyncClass {
+    Qp,
+    Cq,
+    Port,
+    Device,
+    Other,
+}
+
+impl AsyncElement {
+    /// Which member of `ibv_async_event.element` an event type uses (verbs.h's comments).
+    fn class_of(kind: u32) -> AsyncClass {
+        use abi::*;
+        match kind {
+            IBV_EVENT_CQ_ERR => AsyncClass::Cq,
+            IBV_EVENT_QP_FATAL
+            | IBV_EVENT_QP_REQ_ERR
+            | IBV_EVENT_QP_ACCESS_ERR
+            | IBV_EVENT_COMM_EST
+            | IBV_EVENT_SQ_DRAINED
+            | IBV_EVENT_PATH_MIG
+            | IBV_EVENT_PATH_MIG_ERR
+            | IBV_EVENT_QP_LAST_WQE_REACHED => AsyncClass::Qp,
+            IBV_EVENT_PORT_ACTIVE
+            | IBV_EVENT_PORT_ERR
+            | IBV_EVENT_LID_CHANGE
+            | IBV_EVENT_PKEY_CHANGE
+            | IBV_EVENT_SM_CHANGE
+            | IBV_EVENT_CLIENT_REREGISTER
+            | IBV_EVENT_GID_CHANGE => AsyncClass::Port,
+            IBV_EVENT_DEVICE_FATAL => AsyncClass::Device,
+            _ => AsyncClass::Other,
+        }
+    }
+}
+
 struct CqInner {
     ctx: Context,
     /// Kept so the channel outlives the CQ (fields drop after `Drop::drop`).
@@ -661,6 +764,12 @@ pub struct Cq {
 impl Cq {
     fn raw(&self) -> *mut ibv_cq {
         self.inner.cq.as_ptr()
+    }
+
+    /// The CQ's kernel handle (what [`AsyncElement::Cq`] names).
+    pub fn handle(&self) -> u32 {
+        // SAFETY: a live CQ; a plain integer field.
+        unsafe { (*self.raw()).handle }
     }
 
     /// The number of entries the device gave the CQ (≥ what was asked).

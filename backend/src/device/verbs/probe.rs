@@ -462,6 +462,14 @@ pub(crate) fn to_rts(
     my_psn: u32,
     peer_psn: u32,
 ) -> Result<(), VerbsError> {
+    to_rtr(qp, peer_qpn, av, peer_psn)?;
+    rtr_to_rts(qp, my_psn)
+}
+
+/// INIT → RTR for `qp`, addressed at QP `peer_qpn` behind `av` (its first PSN `peer_psn`):
+/// a global route from GID index `av.gid_index` with hop limit 1 (RoCE), else the LID;
+/// path MTU `av.mtu`, one incoming RDMA READ, RNR timer 12 (0.64 ms).
+pub(crate) fn to_rtr(qp: &Qp, peer_qpn: u32, av: &PortAv, peer_psn: u32) -> Result<(), VerbsError> {
     let (port, lid, gid_index, gid, mtu) = (av.port, av.lid, av.gid_index, av.gid, av.mtu);
     let mut ah = ibv_ah_attr {
         dlid: lid,
@@ -494,7 +502,11 @@ pub(crate) fn to_rts(
             | IBV_QP_RQ_PSN
             | IBV_QP_MAX_DEST_RD_ATOMIC
             | IBV_QP_MIN_RNR_TIMER,
-    )?;
+    )
+}
+
+/// RTR → RTS for `qp` with first send PSN `my_psn` ([`rts_attr`]), checked by a query.
+pub(crate) fn rtr_to_rts(qp: &Qp, my_psn: u32) -> Result<(), VerbsError> {
     let rts = rts_attr(my_psn);
     qp.modify(
         &rts,

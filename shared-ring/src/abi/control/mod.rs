@@ -21,7 +21,7 @@
 mod request;
 mod response;
 
-pub use request::{args, CmTarget, PrivData, Request, RequestRepr};
+pub use request::{args, CmTarget, PrivData, Request, RequestRepr, AV_RTS, MAX_PATH_MTU, MAX_PSN};
 pub use response::{result, ChannelStats, CmInfoReply, DeviceAttrs, Reply, ResponseRepr};
 
 use super::AbiError;
@@ -75,12 +75,14 @@ pub enum Op {
     CloseListener = 23,
     CmInfo = 24,
     CmPage = 25,
+    /// Connect a QP by address vector (RTR/RTS towards a GID, QP number and PSNs).
+    ConnectAv = 26,
 }
 
 impl Op {
     pub fn from_u16(v: u16) -> Result<Self, AbiError> {
         use Op::*;
-        const ALL: [Op; 25] = [
+        const ALL: [Op; 26] = [
             Init,
             QueryDevice,
             QueryPort,
@@ -106,6 +108,7 @@ impl Op {
             CloseListener,
             CmInfo,
             CmPage,
+            ConnectAv,
         ];
         (v as usize)
             .checked_sub(1)
@@ -253,12 +256,12 @@ mod tests {
                 value: 0
             })
         );
-        b[4] = 26;
+        b[4] = 27;
         assert_eq!(
             RequestRepr::parse(&b).err(),
             Some(AbiError::Unknown {
                 what: "control op",
-                value: 26
+                value: 27
             })
         );
         b[4] = 2;

@@ -66,6 +66,37 @@ pub mod args {
     pub const ARM_FLAGS: usize = 12;
     /// `PostSend` / `PostRecv` (mediated mode): producer index the frontend published.
     pub const POST_PROD: usize = 12;
+    /// `ConnectAv`: the QP (at [`HANDLE`]), the peer QP's number, the peer port's GID, the
+    /// peer's first send PSN (this QP's receive PSN), this QP's first send PSN, the peer's
+    /// LID (InfiniBand without a global route), the path MTU (ibverbs' enum, 0: the
+    /// device's).
+    pub const AV_REMOTE_QPN: usize = 12;
+    pub const AV_GID: usize = 16;
+    pub const AV_RQ_PSN: usize = 32;
+    pub const AV_SQ_PSN: usize = 36;
+    pub const AV_LID: usize = 40;
+    pub const AV_PATH_MTU: usize = 42;
+    /// `ConnectAv` flags: bit 0 ([`super::AV_RTS`]) on to RTS.
+    pub const AV_FLAGS: usize = 43;
+}
+
+/// `ConnectAv` flag: move on to RTS with `sq_psn` (clear: stop at RTR; `sq_psn` is then 0).
+pub const AV_RTS: u8 = 1;
+
+/// Largest PSN and QP number (24 bits).
+pub const MAX_PSN: u32 = 0xff_ffff;
+/// Largest path MTU value of `ConnectAv` (`IBV_MTU_4096`).
+pub const MAX_PATH_MTU: u8 = 5;
+
+fn check_24(v: u32, what: &'static str) -> Result<u32, AbiError> {
+    if v > MAX_PSN {
+        return Err(AbiError::OutOfRange {
+            what,
+            value: v.into(),
+            max: MAX_PSN.into(),
+        });
+    }
+    Ok(v)
 }
 
 /// Private data of a connection-management message: `len` bytes in slot `slot` of the
@@ -237,6 +268,23 @@ pub enum Request {
     },
     /// The channel's CM page (allocated and granted on the first call).
     CmPage,
+    /// Connect `qp` by address vector, as `ibv_modify_qp` to RTR (and with `rts` on to RTS)
+    /// does: the peer is QP `remote_qpn` at port `gid` (or `lid`), its first send PSN is
+    /// `rq_psn`, this QP's is `sq_psn` (with `rts`; else 0). Devices with address vectors
+    /// (the verbs device) answer at once; the software device pairs with a QP of the same
+    /// backend at RTR (as `Connect`: answered when connected) and takes the RTS as done.
+    ConnectAv {
+        qp: u32,
+        remote_qpn: u32,
+        gid: [u8; 16],
+        rq_psn: u32,
+        sq_psn: u32,
+        lid: u16,
+        /// ibverbs' `enum ibv_mtu` (1: 256 … 5: 4096); 0: the device's.
+        path_mtu: u8,
+        /// On to RTS (else RTR only).
+        rts: bool,
+    },
 }
 
 impl Request {
@@ -268,6 +316,7 @@ impl Request {
             Self::CloseListener { .. } => Op::CloseListener,
             Self::CmInfo { .. } => Op::CmInfo,
             Self::CmPage => Op::CmPage,
+            Self::ConnectAv { .. } => Op::ConnectAv,
         }
     }
 }
@@ -399,6 +448,33 @@ impl RequestRepr {
                 prod: get_u32(b, args::POST_PROD),
             },
             Op::PollCq => R::PollCq { cq: h },
+            Op::ConnectAv => {
+                let path_mtu = get_u8(b, args::AV_PATH_MTU);
+                if path_mtu > MAX_PATH_MTU {
+                    return Err(AbiError::OutOfRange {
+                        what: "path MTU",
+                        value: path_mtu.into(),
+                        max: MAX_PATH_MTU.into(),
+                    });
+                }
+                let flags = get_u8(b, args::AV_FLAGS);
+                if flags & !AV_RTS != 0 {
+                    return Err(AbiError::Unknown {
+                        what: "ConnectAv flags",
+                        value: flags.into(),
+                    });
+                }
+                R::ConnectAv {
+                    qp: h,
+                    remote_qpn: check_24(get_u32(b, args::AV_REMOTE_QPN), "QP number")?,
+                    gid: get_addr(b, args::AV_GID),
+                    rq_psn: check_24(get_u32(b, args::AV_RQ_PSN), "PSN")?,
+                    sq_psn: check_24(get_u32(b, args::AV_SQ_PSN), "PSN")?,
+                    lid: get_u16(b, args::AV_LID),
+                    path_mtu,
+                    rts: flags & AV_RTS != 0,
+                }
+            }
         };
         let repr = Self {
             req_id: get_u32(b, field::REQ_ID),
@@ -458,6 +534,25 @@ impl RequestRepr {
                 set_u8(b, args::QP_SQ_LOG2, sq_log2);
                 set_u8(b, args::QP_RQ_LOG2, rq_log2);
                 set_u8(b, args::QP_TYPE, QP_TYPE_RC);
+            }
+            R::ConnectAv {
+                qp,
+                remote_qpn,
+                gid,
+                rq_psn,
+                sq_psn,
+                lid,
+                path_mtu,
+                rts,
+            } => {
+                set_u32(b, args::HANDLE, qp);
+                set_u8(b, args::AV_FLAGS, if rts { AV_RTS } else { 0 });
+                set_u32(b, args::AV_REMOTE_QPN, remote_qpn);
+                b[args::AV_GID..args::AV_GID + 16].copy_from_slice(&gid);
+                set_u32(b, args::AV_RQ_PSN, rq_psn);
+                set_u32(b, args::AV_SQ_PSN, sq_psn);
+                set_u16(b, args::AV_LID, lid);
+                set_u8(b, args::AV_PATH_MTU, path_mtu);
             }
             R::ModifyQp { qp, state } => {
                 set_u32(b, args::HANDLE, qp);
@@ -610,6 +705,81 @@ mod tests {
         let b = r.to_bytes();
         assert_eq!(&b[32..36], &[4, 3, 2, 1]);
         assert_eq!(RequestRepr::parse(&b).unwrap(), r);
+    }
+
+    #[test]
+    fn connect_av_from_literal_bytes() {
+        // QP 9 to QP 0x123456 at ::ffff:10.77.0.1, PSNs 0xabcdef / 0x10, LID 0, MTU 1024 (3).
+        let mut b = [0u8; 64];
+        b[0] = 5;
+        b[4] = 26;
+        b[8] = 9;
+        b[12..16].copy_from_slice(&0x12_3456u32.to_le_bytes());
+        b[26..28].copy_from_slice(&[0xff, 0xff]);
+        b[28..32].copy_from_slice(&[10, 77, 0, 1]);
+        b[32..36].copy_from_slice(&0xab_cdefu32.to_le_bytes());
+        b[36] = 0x10;
+        b[42] = 3;
+        b[43] = 1;
+        let mut gid = [0u8; 16];
+        gid[10..12].copy_from_slice(&[0xff, 0xff]);
+        gid[12..].copy_from_slice(&[10, 77, 0, 1]);
+        let r = RequestRepr::parse(&b).unwrap();
+        assert_eq!(
+            r.request,
+            Request::ConnectAv {
+                qp: 9,
+                remote_qpn: 0x12_3456,
+                gid,
+                rq_psn: 0xab_cdef,
+                sq_psn: 0x10,
+                lid: 0,
+                path_mtu: 3,
+                rts: true
+            }
+        );
+        assert_eq!(r.to_bytes(), b);
+        // PSNs and QP numbers are 24 bits; MTU 6 is not ibverbs'; flag bit 1 is unknown; byte
+        // 44 is reserved.
+        let mut bad = b;
+        bad[35] = 1;
+        assert!(matches!(
+            RequestRepr::parse(&bad),
+            Err(AbiError::OutOfRange { what: "PSN", .. })
+        ));
+        let mut bad = b;
+        bad[15] = 1;
+        assert!(matches!(
+            RequestRepr::parse(&bad),
+            Err(AbiError::OutOfRange {
+                what: "QP number",
+                ..
+            })
+        ));
+        let mut bad = b;
+        bad[42] = 6;
+        assert!(matches!(
+            RequestRepr::parse(&bad),
+            Err(AbiError::OutOfRange {
+                what: "path MTU",
+                ..
+            })
+        ));
+        let mut bad = b;
+        bad[43] = 2;
+        assert!(matches!(
+            RequestRepr::parse(&bad),
+            Err(AbiError::Unknown {
+                what: "ConnectAv flags",
+                ..
+            })
+        ));
+        let mut bad = b;
+        bad[44] = 1;
+        assert!(matches!(
+            RequestRepr::parse(&bad),
+            Err(AbiError::Reserved { .. })
+        ));
     }
 
     #[test]

@@ -11,6 +11,34 @@ $R/ip link set lo up && $R/ip addr add $ADDR/24 dev dummy0 && $R/ip link set dum
 $R/rdma link add rxe0 type rxe netdev dummy0 || { lab_log "rdma link add rxe0 FAILED"; exit 1; }
 lab_log "rxe0: $($R/rdma link show | tr '\n' ' ')"
 
+# A bridge to the domUs (netback/netfront, modules from the share as in the perf scenario):
+# ibv_rc_pingpong exchanges QP numbers, PSNs and GIDs over TCP before it moves its QP to RTR.
+# dom0 is 10.0.0.1 on xenbr0, labU1 10.0.0.11, labU2 10.0.0.12 (lab-internal addresses).
+NET=0
+if [ -f /mnt/lab/bin/xen-netback.ko ]; then
+    for m in llc stp bridge xen-netback; do insmod "/mnt/lab/bin/$m.ko" 2>/dev/null; done
+    if brctl addbr xenbr0 && ifconfig xenbr0 10.0.0.1 netmask 255.255.255.0 up; then
+        cat > /run/lab/vif-lab <<'HOTPLUG'
+#!/bin/sh
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu:/lib/x86_64-linux-gnu
+case "$1" in
+online|add)
+    ifconfig "$vif" up
+    brctl addif xenbr0 "$vif"
+    xenstore-write "$XENBUS_PATH/hotplug-status" connected ;;
+esac
+exit 0
+HOTPLUG
+        chmod +x /run/lab/vif-lab
+        echo "vif = [ 'bridge=xenbr0,script=/run/lab/vif-lab' ]" >> /lab/domU.cfg.in
+        NET=1
+    else
+        lab_log "the bridge to the domUs FAILED"
+    fi
+else
+    lab_log "no xen-netback.ko in the share: the ibv_rc_pingpong steps will NOT run"
+fi
+
 # `rdma resource show`'s summary of rxe0: "pd N cq N qp N cm_id N mr N ...".
 res_count() { $R/rdma resource show | sed -n "s/.* $1 \([0-9]*\) .*/\1/p" | head -n1; }
 res_line() { $R/rdma resource show | tr -s ' ' | tr '\n' ' '; }
@@ -226,6 +254,81 @@ ratio() {
     esac
     lab_log "RATIO $1: guest $g / native $nv = $(awk "BEGIN { printf \"%.2f\", $g / $nv }") (target $target: $ok)"
 }
+# Address-vector connects (no rdma_cm): Debian's ibv_rc_pingpong in labU1 (through vrdma-exec)
+# against ibv_rc_pingpong on rxe0 in dom0, both unmodified, each buffer checked by the tool's
+# own -c; QP numbers, PSNs and GIDs go over TCP on the bridge, then each end moves its QP to
+# RTR and RTS itself (labU1's through the backend's ConnectAv onto its HCA QP). labU1's GID 0
+# is the backend's address ::ffff:10.77.0.1, which is rxe0's GID $GIDX: dom0 runs -g $GIDX.
+# tcp_listening PORT: dom0 has a TCP listener on PORT.
+tcp_listening() { grep -q "^ *[0-9]*: [0-9A-F]*:$(printf '%04X' "$1") [0-9A-F:]* 0A" /proc/net/tcp; }
+# gid_index PATTERN: the first index of rxe0's GID table whose GID matches PATTERN.
+gid_index() {
+    for f in /sys/class/infiniband/rxe0/ports/1/gids/*; do
+        case "$(cat "$f" 2>/dev/null)" in $1) basename "$f"; return ;; esac
+    done
+}
+# pp_client_retry OUT ARGS...: dom0's ibv_rc_pingpong client, tried again (up to 60 s) while
+# labU1's server is not listening yet (its TCP connect refused).
+pp_client_retry() {
+    out=$1; shift
+    i=0
+    while :; do
+        timeout $TO $R/ibv_rc_pingpong "$@" > "$out" 2>&1; PPC=$?
+        grep -q "Couldn't connect to" "$out" || break
+        i=$((i+1)); [ $i -gt 60 ] && break
+        sleep 1
+    done
+}
+pingpong_steps() {
+    if [ "$NET" != 1 ]; then
+        lab_log "ibv_rc_pingpong steps did NOT run (no bridge to the domUs)"; fail=1; return
+    fi
+    GIDX=$(gid_index '0000:0000:0000:0000:0000:ffff:0a4d:0001')
+    LLIDX=$(gid_index 'fe80:*')
+    lab_log "rxe0's GIDs: $(cat /sys/class/infiniband/rxe0/ports/1/gids/* 2>/dev/null | grep -v '^0000:0000:0000:0000:0000:0000:0000:0000$' | tr '\n' ' ')(::ffff:10.77.0.1 at $GIDX, link-local at $LLIDX)"
+    [ -n "$GIDX" ] || { lab_log "no ::ffff:10.77.0.1 in rxe0's GID table"; fail=1; return; }
+    PPN=50
+    # labU1 the client of dom0's server.
+    t0=$(lab_up)
+    timeout $TO $R/ibv_rc_pingpong -d rxe0 -g "$GIDX" -p 18517 -n $PPN -s 4096 -c > /run/lab/pp-s.log 2>&1 &
+    sp=$!
+    i=0; until tcp_listening 18517; do i=$((i+1)); [ $i -gt 150 ] && break; sleep 0.2; done
+    vstep "VRDMA_VERBS_LOG=1 vrdma-exec -- ibv_rc_pingpong -g 0 -p 18517 -n $PPN -s 4096 -c 10.0.0.1"
+    vwait
+    wait $sp; src=$?
+    sed 's/^/  ibv_rc_pingpong server (dom0): /' /run/lab/pp-s.log
+    lab_log "stock-ibv_rc_pingpong-server: ibv_rc_pingpong -g $GIDX -c (rxe0) rc=$src; vrdma-exec -- ibv_rc_pingpong -g 0 -c (labU1, client) rc=$VRC ($(awk "BEGIN { print $(lab_up) - $t0 }") s)"
+    if [ "$src" = 0 ] && [ "$VRC" = 0 ] && grep -q "$PPN iters in" /run/lab/pp-s.log &&
+        [ "$(grep -c 'GID ::ffff:10.77.0.1' /run/lab/pp-s.log)" = 2 ]; then
+        lab_log "address-vector connect, labU1 as client: PASS ($PPN exchanges of 4096 B, checked by -c)"
+    else
+        lab_log "address-vector connect, labU1 as client FAILED"; fail=1
+    fi
+    # labU1 the server, dom0's client.
+    t0=$(lab_up)
+    vstep "VRDMA_VERBS_LOG=1 vrdma-exec -- ibv_rc_pingpong -g 0 -p 18518 -n $PPN -s 4096 -c"
+    pp_client_retry /run/lab/pp-c.log -d rxe0 -g "$GIDX" -p 18518 -n $PPN -s 4096 -c 10.0.0.11
+    vwait
+    sed 's/^/  ibv_rc_pingpong client (dom0): /' /run/lab/pp-c.log
+    lab_log "stock-ibv_rc_pingpong-client: ibv_rc_pingpong -g $GIDX -c (rxe0) rc=$PPC; vrdma-exec -- ibv_rc_pingpong -g 0 -c (labU1, server) rc=$VRC ($(awk "BEGIN { print $(lab_up) - $t0 }") s)"
+    if [ "$PPC" = 0 ] && [ "$VRC" = 0 ] && grep -q "$PPN iters in" /run/lab/pp-c.log; then
+        lab_log "address-vector connect, labU1 as server: PASS ($PPN exchanges of 4096 B, checked by -c)"
+    else
+        lab_log "address-vector connect, labU1 as server FAILED"; fail=1
+    fi
+    # Refused: dom0's client announces its link-local GID (fe80::..., outside labU1's
+    # allowed-peers 10.77.0.1/32): labU1's move to RTR is NotPermitted, the tool says so.
+    if [ -z "$LLIDX" ]; then
+        lab_log "rxe0 has no link-local GID: the refused-RTR step did NOT run"; fail=1; return
+    fi
+    vstep "VRDMA_VERBS_LOG=1 vrdma-exec -- ibv_rc_pingpong -g 0 -p 18519 -n 5 -c > /tmp/p.out 2>&1; cat /tmp/p.out; grep -q 'allowed-peers' /tmp/p.out && grep -q 'Failed to modify QP to RTR' /tmp/p.out"
+    pp_client_retry /run/lab/pp-r.log -d rxe0 -g "$LLIDX" -p 18519 -n 5 -c 10.0.0.11
+    vwait
+    sed 's/^/  ibv_rc_pingpong client (dom0, link-local GID): /' /run/lab/pp-r.log
+    seen=$(grep -c 'may not connect to GID fe80' /run/lab/backend.log)
+    lab_log "refused-rtr: labU1's RTR towards GID $LLIDX of rxe0 (link-local, not an allowed peer): step rc=$VRC (0 = refused by policy), backend logged $seen refusals"
+    [ "$VRC" = 0 ] && [ "$seen" -ge 1 ] || fail=1
+}
 tools=$(xenstore-read "/local/domain/$D1/data/tools" 2>/dev/null)
 lab_log "labU1's stock tools: $tools"
 case " $tools " in
@@ -251,6 +354,7 @@ case " $tools " in
         seen=$(grep -c '^ping data' /run/lab/rping-c2.log)
         lab_log "stock-rping-client/exec: rping -c -V (rxe0) rc=$crc verified $seen pings; vrdma-exec -- rping -s (labU1) rc=$VRC printed $VPINGS pings ($(awk "BEGIN { print $(lab_up) - $t0 }") s)"
         [ "$crc" = 0 ] && [ "$seen" = 5 ] && [ "$VRC" = 0 ] && [ "$VPINGS" = 5 ] || fail=1
+        pingpong_steps
         for tool in ib_send_lat ib_write_bw ib_read_lat; do
             pt_guest_client $tool
             eval "G_$tool=\"\$GROW\""
@@ -372,6 +476,31 @@ relay labU1 labU2 vrdma-ep-again || fail=1
 relay labU2 labU1 vrdma-ep-again || fail=1
 relay labU1 labU2 vrdma-done-again || fail=1
 grep -E 'WARN|ERROR' /run/lab/backend2.log | sed 's/^/  restarted backend: /'
+# HCA async events: with labU1's channel open (it says data/vrdma-ev-ready), rxe0's port goes
+# down and up with dummy0 (rxe sends PORT_ERR, then PORT_ACTIVE); the backend reads them from
+# the context's async fd and forwards them to every channel as PortError / PortActive
+# (docs/protocol.md, "Device events"): labU1 must see both on its event ring, and the
+# backend's log shows them.
+if wait_key labU1 vrdma-ev-ready 300; then
+    sleep 1
+    $R/ip link set dummy0 down; sleep 2; $R/ip link set dummy0 up
+    grep 'device event' /run/lab/backend2.log | sed 's/^/  backend: /'
+    if wait_key labU1 vrdma-port-events 150; then
+        ev=$(xenstore-read "/local/domain/$D1/data/vrdma-port-events")
+        lab_log "async events: labU1's event ring after rxe0's port went down and up: $ev"
+        case "$ev" in
+            *PortError:0:1*PortActive:0:1*) ;;
+            *) lab_log "async events: labU1 did not get PortError then PortActive"; fail=1 ;;
+        esac
+    else
+        fail=1
+    fi
+    grep -q 'device event: All { kind: PortError' /run/lab/backend2.log &&
+        grep -q 'device event: All { kind: PortActive' /run/lab/backend2.log ||
+        { lab_log "async events: the backend did not log rxe0's port events"; fail=1; }
+else
+    fail=1
+fi
 for name in labU1 labU2; do
     r=$(lab_wait_result $name 300)
     lab_log "$name result: $r"

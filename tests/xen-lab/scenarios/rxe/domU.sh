@@ -226,6 +226,23 @@ restart() {
     stop_guest
     echo "$NAME: backend restart PASS (device lost, reopened, data verified)"
 }
+# HCA async events (labU1, after the restart): a channel open while dom0 takes rxe0's port
+# down and up; its event ring must get PortError then PortActive (handle 0, detail port 1).
+port_events() {
+    start_guest
+    cmd open bypass || return 1
+    xenstore-write data/vrdma-ev-ready 1
+    i=0
+    while :; do
+        cmd events || return 1
+        case $REPLY in *PortError*PortActive*) break ;; esac
+        i=$((i+1)); [ $i -gt 600 ] && { echo "$NAME: no port events: '$REPLY'"; return 1; }
+        sleep 0.2
+    done
+    echo "$NAME: port events: $REPLY"
+    xenstore-write data/vrdma-port-events "$REPLY"
+    stop_guest
+}
 # Step 0: the command lines dom0 writes to /lab/steps/NAME/N (/lab/steps/NAME/cur = N): the
 # guest's end of a stock-tool pair; answers data/done = "N RC PINGS". cur = end: go on.
 steps() {
@@ -254,6 +271,23 @@ steps() {
         xenstore-write data/done "$s $r $n"
     done
 }
+# netfront (when dom0 shares the module): labU1 10.0.0.11, labU2 10.0.0.12 on dom0's bridge,
+# for ibv_rc_pingpong's TCP exchange with dom0 (10.0.0.1).
+if [ -f /lab/bin/xen-netfront.ko ]; then
+    insmod /lab/bin/xen-netfront.ko || echo "$NAME: insmod xen-netfront failed"
+    IP=10.0.0.11; [ "$NAME" = labU2 ] && IP=10.0.0.12
+    i=0
+    until ifconfig eth0 "$IP" netmask 255.255.255.0 up 2>/dev/null; do
+        i=$((i+1)); [ $i -gt 100 ] && { echo "$NAME: no eth0"; break; }
+        sleep 0.2
+    done
+    ifconfig lo 127.0.0.1 up
+    i=0
+    until ping -c 1 -W 1 10.0.0.1 >/dev/null 2>&1; do
+        i=$((i+1)); [ $i -gt 60 ] && { echo "$NAME: dom0 (10.0.0.1) unreachable over the bridge"; break; }
+    done
+    echo "$NAME: eth0 $IP"
+fi
 # Which stock tools this image has (the domU image carries rping and perftest, run through
 # vrdma-exec with libvrdma_verbs.so preloaded).
 t=""
@@ -270,4 +304,7 @@ if [ "$NAME" = labU1 ]; then
     self_talk || rc=1
 fi
 restart || rc=1
+if [ "$NAME" = labU1 ]; then
+    port_events || rc=1
+fi
 exit $rc
