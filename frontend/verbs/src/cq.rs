@@ -160,7 +160,7 @@ impl Watch {
             }],
         };
         for e in got {
-            if !matches!(e.kind, K::QpFatal | K::CqOverrun | K::DeviceLost) {
+            if !for_get_async_event(e.kind) {
                 continue;
             }
             let mut q = self.events.q.lock().unwrap_or_else(|e| e.into_inner());
@@ -568,6 +568,57 @@ mod poll_yield_tests {
             Some(OsStr::new("yes")),
         ] {
             assert!(!poll_yield_on(off), "{off:?}");
+        }
+    }
+}
+
+/// Whether `ibv_get_async_event` reports an event of this kind (device.rs turns each into
+/// its `ibv_async_event`): the QP, CQ, port and device events. The connection manager's
+/// kinds are rdma_cm's (`cma.rs`); the rest are not the application's.
+pub(crate) fn for_get_async_event(kind: vrdma::EventKind) -> bool {
+    use vrdma::EventKind as K;
+    matches!(
+        kind,
+        K::QpFatal
+            | K::CqOverrun
+            | K::DeviceLost
+            | K::QpCommEstablished
+            | K::QpLastWqeReached
+            | K::QpPathMigrated
+            | K::QpPathMigrationError
+            | K::PortActive
+            | K::PortError
+    )
+}
+
+#[cfg(test)]
+mod async_event_tests {
+    #[test]
+    fn the_verbs_device_s_qp_and_port_events_reach_ibv_get_async_event() {
+        use vrdma::EventKind as K;
+        // The kinds the verbs device forwards from the HCA (backend.md, "HCA async events"),
+        // each of which device.rs turns into its ibv_async_event: none may be dropped here.
+        for k in [
+            K::QpFatal,
+            K::CqOverrun,
+            K::DeviceLost,
+            K::QpCommEstablished,
+            K::QpLastWqeReached,
+            K::QpPathMigrated,
+            K::QpPathMigrationError,
+            K::PortActive,
+            K::PortError,
+        ] {
+            assert!(super::for_get_async_event(k), "{k:?} dropped");
+        }
+        for k in [
+            K::ConnectRequest,
+            K::QpEstablished,
+            K::ConnectRejected,
+            K::ConnectUnreachable,
+            K::QpDisconnected,
+        ] {
+            assert!(!super::for_get_async_event(k), "{k:?} is rdma_cm's");
         }
     }
 }
