@@ -156,6 +156,11 @@ impl Device for RecordingCm {
             port: 1,
         })
     }
+    /// The device's own port is its address (127.0.0.2): any QP number there is one of its
+    /// QPs (the soft device numbers them).
+    fn av_names_own_qp(&self, remote: &RemoteAv) -> bool {
+        self.av && remote.gid == v6("127.0.0.2")
+    }
     fn connect_qp_av(
         &self,
         ch: ChannelId,
@@ -716,6 +721,63 @@ fn address_vector_connects_are_checked_against_allowed_peers() {
     assert_eq!(
         a.status(connect_av(qp, "127.0.0.3", 0x99)),
         Status::NotPermitted
+    );
+    assert!(b.device.calls().is_empty(), "{:?}", b.device.calls());
+}
+
+#[test]
+fn an_address_vector_naming_a_qp_of_this_backend_is_a_pairing() {
+    // Guests share the device's port and GIDs: an address vector naming this backend's own
+    // GID and another guest's QP number must not move the QP to RTR at it one-sidedly (the
+    // QP could then send into the other guest's QP). It is a pairing: answered only when the
+    // other QP names this one back, and the device never gets the one-sided RTR.
+    let b = Bench::with_av("[cm]\nallowed-peers = [\"127.0.0.0/8\"]");
+    let mut a = b.channel(0);
+    let mut v = b.channel(1);
+    let (qa, qv) = (a.qp(), v.qp());
+    let rsp = a.svc.handle(
+        &RequestRepr {
+            req_id: 7,
+            request: rtr_av(qa, "127.0.0.2", qv),
+        }
+        .to_bytes(),
+    );
+    assert!(
+        rsp.is_none(),
+        "answered before the other QP named it: {rsp:?}"
+    );
+    assert_eq!(
+        a.status(connect_av(qa, "127.0.0.2", qv)),
+        Status::Ok,
+        "the RTS step"
+    );
+    assert!(b.device.calls().is_empty(), "{:?}", b.device.calls());
+    assert!(
+        a.svc.poll_pending().is_empty(),
+        "still waiting for its peer"
+    );
+    assert_eq!(
+        b.device.soft.qp_state(a.ch, QpNum(qa)).unwrap(),
+        QpState::Rtr
+    );
+    // The other QP names it back: both are connected, and the deferred RTR is answered.
+    let rsp = v.svc.handle(
+        &RequestRepr {
+            req_id: 8,
+            request: rtr_av(qv, "127.0.0.2", qa),
+        }
+        .to_bytes(),
+    );
+    assert!(rsp.is_none(), "{rsp:?}");
+    let answered = a.svc.poll_pending();
+    assert_eq!(answered.len(), 1);
+    assert_eq!(
+        ResponseRepr::parse(&answered[0]).unwrap().status,
+        Status::Ok
+    );
+    assert_eq!(
+        b.device.soft.qp_state(v.ch, QpNum(qv)).unwrap(),
+        QpState::Rts
     );
     assert!(b.device.calls().is_empty(), "{:?}", b.device.calls());
 }

@@ -1036,6 +1036,17 @@ impl ControlService {
                 .map_err(|why| Refusal::new(Status::NotPermitted, why))?;
         }
         if has_av {
+            if self.device.av_names_own_qp(&remote) {
+                // A QP of this backend (another guest's, or this one) through the device's own
+                // port: a pairing, as `Connect` by QP number — both ends must name each other,
+                // so a guest cannot aim its QP at another guest's. The RTS step has nothing
+                // left to do; the RTR step is answered once the pair is made (or refused).
+                if sq_psn.is_some() {
+                    return Ok(true);
+                }
+                self.connect(ch, qp, 0, [0; 16], QpNum(remote.qpn), PrivData::NONE)?;
+                return Ok(false);
+            }
             self.device.connect_qp_av(ch, qp, remote, sq_psn)?;
             return Ok(true);
         }

@@ -497,6 +497,15 @@ pub trait Device: Send + Sync {
     fn local_av(&self) -> Option<LocalAv> {
         None
     }
+    /// Whether the address vector `remote` names a QP of this device through the device's own
+    /// port (another guest's QP on this backend, or the caller's own). Such a connect must be
+    /// a pairing ([`Self::connect_qp`]: both ends name each other), never a one-sided RTR:
+    /// otherwise a guest could aim its QP at another guest's. Devices without address
+    /// vectors: false.
+    fn av_names_own_qp(&self, remote: &RemoteAv) -> bool {
+        let _ = remote;
+        false
+    }
     /// Connects `qp` (Init, not connecting) to the RC peer `remote` by address vector, as
     /// `ibv_modify_qp` does: the QP goes RTR at once; with `local_psn` (its first send PSN)
     /// on to RTS, and the channel gets `QpEstablished`. Repeating a step towards the same

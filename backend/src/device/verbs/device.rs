@@ -267,19 +267,29 @@ impl VerbsDevice {
     /// The address vector towards `remote`: the port's current GID table (its first 256
     /// entries; RoCE GIDs follow the netdev's addresses) and active MTU.
     fn remote_av(&self, remote: &RemoteAv) -> Result<PortAv, String> {
+        let pattr = self
+            .inner
+            .ctx
+            .query_port(self.inner.av.port)
+            .map_err(|e| e.to_string())?;
+        let gids = self.port_gids(&pattr);
+        super::av::remote_av(&self.inner.av, remote, pattr.active_mtu, &gids)
+    }
+
+    /// The port's non-zero GIDs (index, GID), its first 256 entries; none on InfiniBand
+    /// without a GID of its own.
+    fn port_gids(&self, pattr: &super::abi::ibv_port_attr) -> Vec<(i32, [u8; 16])> {
         let inner = &self.inner;
-        let port = inner.av.port;
-        let pattr = inner.ctx.query_port(port).map_err(|e| e.to_string())?;
         let mut gids = Vec::new();
         if inner.av.gid.is_some() {
             for i in 0..pattr.gid_tbl_len.clamp(0, 256) {
-                match inner.ctx.query_gid(port, i) {
+                match inner.ctx.query_gid(inner.av.port, i) {
                     Ok(g) if g.raw() != [0; 16] => gids.push((i, g.raw())),
                     _ => {}
                 }
             }
         }
-        super::av::remote_av(&inner.av, remote, pattr.active_mtu, &gids)
+        gids
     }
 
     /// Opens port `port` of device `ibdev` (it must be ACTIVE) and starts the relay thread.
@@ -1408,7 +1418,9 @@ impl Device for VerbsDevice {
         drop(t);
         let Some((rc, r)) = r else { return Ok(()) };
         let av = self.inner.av;
-        let (psn_q, psn_r) = (qp.0 & 0xff_ffff, remote.0 & 0xff_ffff);
+        // Random first PSNs: the guests share the port's GIDs, so a QP number is all a
+        // stranger's packets would need besides the PSN; a predictable PSN would give it away.
+        let (psn_q, psn_r) = (random_psn(), random_psn());
         let res = to_rts(&q.hca, r.num.0, &av, psn_q, psn_r).and_then(|()| {
             if qp == remote {
                 Ok(())
@@ -1438,6 +1450,32 @@ impl Device for VerbsDevice {
         }
         self.inner.poke();
         Ok(())
+    }
+
+    /// A QP of this device (any channel) addressed through this device's own port: its LID,
+    /// or one of its GIDs (the guests share the port's GIDs with each other and with dom0).
+    fn av_names_own_qp(&self, remote: &RemoteAv) -> bool {
+        if !lock(&self.inner.tables)
+            .qps
+            .contains_key(&QpNum(remote.qpn))
+        {
+            return false;
+        }
+        let av = self.inner.av;
+        if remote.lid != 0 && remote.lid == av.lid {
+            return true;
+        }
+        if remote.gid == [0; 16] {
+            return false;
+        }
+        if av.gid.is_some_and(|g| g.raw() == remote.gid) {
+            return true;
+        }
+        match self.inner.ctx.query_port(av.port) {
+            Ok(pattr) => self.port_gids(&pattr).iter().any(|(_, g)| *g == remote.gid),
+            // Unknown: treat it as ours (a pairing), the safe side.
+            Err(_) => true,
+        }
     }
 
     fn local_av(&self) -> Option<LocalAv> {
@@ -1607,6 +1645,19 @@ impl Device for VerbsDevice {
     }
 
     cm::cm_methods!();
+}
+
+/// A random 24-bit packet sequence number (std's per-instance random hash keys, seeded from
+/// the OS: no dependency for 24 bits that only need to be unguessable to another guest).
+fn random_psn() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64),
+    );
+    (h.finish() & 0xff_ffff) as u32
 }
 
 #[cfg(test)]
