@@ -726,6 +726,48 @@ fn address_vector_connects_are_checked_against_allowed_peers() {
 }
 
 #[test]
+fn a_lid_routed_address_vector_is_refused_under_allowed_peers() {
+    // InfiniBand routes by the LID: an allowed GID beside a LID would reach the LID's node,
+    // so with an allowed-peers list a non-zero LID is refused; without a list it is allowed.
+    let with_lid = |qp, lid| {
+        let Request::ConnectAv {
+            qp,
+            remote_qpn,
+            gid,
+            rq_psn,
+            sq_psn,
+            path_mtu,
+            rts,
+            ..
+        } = connect_av(qp, "127.0.0.3", 0x99)
+        else {
+            unreachable!()
+        };
+        Request::ConnectAv {
+            qp,
+            remote_qpn,
+            gid,
+            rq_psn,
+            sq_psn,
+            lid,
+            path_mtu,
+            rts,
+        }
+    };
+    let b = Bench::with_av("[cm]\nallowed-peers = [\"127.0.0.0/8\"]");
+    let mut a = b.channel(0);
+    let qp = a.qp();
+    assert_eq!(a.status(with_lid(qp, 7)), Status::NotPermitted);
+    assert!(b.device.calls().is_empty(), "{:?}", b.device.calls());
+    assert_eq!(a.status(with_lid(qp, 0)), Status::Ok);
+    let b = Bench::with_av("");
+    let mut a = b.channel(0);
+    let qp = a.qp();
+    assert_eq!(a.status(with_lid(qp, 7)), Status::Ok);
+    assert_eq!(b.device.calls().len(), 1, "{:?}", b.device.calls());
+}
+
+#[test]
 fn an_address_vector_naming_a_qp_of_this_backend_is_a_pairing() {
     // Guests share the device's port and GIDs: an address vector naming this backend's own
     // GID and another guest's QP number must not move the QP to RTR at it one-sidedly (the

@@ -1035,6 +1035,21 @@ impl ControlService {
                 .av_peer_allowed(domid, remote.gid)
                 .map_err(|why| Refusal::new(Status::NotPermitted, why))?;
         }
+        // On InfiniBand the packets go to the LID, whatever GID the address vector also
+        // names: a LID is checked as no address at all (allowed only without a list).
+        if has_av && remote.lid != 0 {
+            self.cm.av_peer_allowed(domid, [0; 16]).map_err(|_| {
+                Refusal::new(
+                    Status::NotPermitted,
+                    format!(
+                        "domain {domid} may not connect by LID ({}): a LID names no address \
+                         [cm] allowed-peers could allow (InfiniBand routes by the LID, not \
+                         the GID)",
+                        remote.lid
+                    ),
+                )
+            })?;
+        }
         if has_av {
             if self.device.av_names_own_qp(&remote) {
                 // A QP of this backend (another guest's, or this one) through the device's own
