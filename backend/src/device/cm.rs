@@ -506,15 +506,19 @@ impl SoftDevice {
                     b.peer_num = Some(init);
                     b.peer = Some(Arc::downgrade(&iq));
                 }
-                drop(t);
                 // Both QPs are in RTS before either end hears of it: an end that sends as soon
-                // as it is established must find its peer ready (not RetryExceeded).
-                iq.set_state(QpState::Rts);
-                q.set_state(QpState::Rts);
-                for (a, b) in [(&iq, &q), (&q, &iq)] {
-                    a.ch.event(EventKind::QpEstablished, a.num.0, u64::from(b.num.0));
+                // as it is established must find its peer ready (not RetryExceeded). All under
+                // the tables' lock, which a Disconnect takes: it comes before or after the
+                // whole, so it is never undone (a QP already in Error stays there and its end
+                // hears no QpEstablished) and never told before the QpEstablished.
+                let moved = [iq.advance(QpState::Rts), q.advance(QpState::Rts)];
+                for ((a, b), moved) in [(&iq, &q), (&q, &iq)].into_iter().zip(moved) {
+                    if moved {
+                        a.ch.event(EventKind::QpEstablished, a.num.0, u64::from(b.num.0));
+                    }
                     a.ch.engine.wake();
                 }
+                drop(t);
             }
             Origin::Remote(conn) => {
                 t.cm.conns.insert(conn, ConnUse::Qp(qp));

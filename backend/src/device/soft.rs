@@ -868,15 +868,18 @@ impl Device for SoftDevice {
         if qp != remote {
             lock(&r.send).peer = Some(Arc::downgrade(&q));
         }
-        drop(t);
+        // RTS and QpEstablished under the tables' lock, which a Disconnect takes: it comes
+        // before or after the whole (a QP already failed stays in Error, unannounced).
         for (a, b) in [(&q, &r), (&r, &q)] {
-            a.set_state(QpState::Rts);
-            a.ch.event(EventKind::QpEstablished, a.num.0, u64::from(b.num.0));
+            if a.advance(QpState::Rts) {
+                a.ch.event(EventKind::QpEstablished, a.num.0, u64::from(b.num.0));
+            }
             a.ch.engine.wake();
             if qp == remote {
                 break;
             }
         }
+        drop(t);
         Ok(())
     }
 
