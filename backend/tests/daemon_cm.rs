@@ -604,41 +604,26 @@ fn connects_to_peers_not_allowed_are_refused_before_the_device_is_asked() {
 }
 
 fn connect_av(qp: u32, gid: &str, remote_qpn: u32) -> Request {
+    av(qp, gid, remote_qpn, 0, true)
+}
+
+/// The RTR step of [`connect_av`].
+fn rtr_av(qp: u32, gid: &str, remote_qpn: u32) -> Request {
+    av(qp, gid, remote_qpn, 0, false)
+}
+
+/// An address vector to `gid` (empty: all-zero) and `remote_qpn` with `lid`: the move to RTS
+/// (both PSNs) when `rts`, else the RTR step (no send PSN).
+fn av(qp: u32, gid: &str, remote_qpn: u32, lid: u16, rts: bool) -> Request {
     Request::ConnectAv {
         qp,
         remote_qpn,
         gid: if gid.is_empty() { [0; 16] } else { v6(gid) },
         rq_psn: 0x12_3456,
-        sq_psn: 0xab_cdef,
-        lid: 0,
+        sq_psn: if rts { 0xab_cdef } else { 0 },
+        lid,
         path_mtu: 3,
-        rts: true,
-    }
-}
-
-/// The RTR step of [`connect_av`].
-fn rtr_av(qp: u32, gid: &str, remote_qpn: u32) -> Request {
-    let Request::ConnectAv {
-        qp,
-        remote_qpn,
-        gid,
-        rq_psn,
-        lid,
-        path_mtu,
-        ..
-    } = connect_av(qp, gid, remote_qpn)
-    else {
-        unreachable!()
-    };
-    Request::ConnectAv {
-        qp,
-        remote_qpn,
-        gid,
-        rq_psn,
-        sq_psn: 0,
-        lid,
-        path_mtu,
-        rts: false,
+        rts,
     }
 }
 
@@ -729,31 +714,7 @@ fn address_vector_connects_are_checked_against_allowed_peers() {
 fn a_lid_routed_address_vector_is_refused_under_allowed_peers() {
     // InfiniBand routes by the LID: an allowed GID beside a LID would reach the LID's node,
     // so with an allowed-peers list a non-zero LID is refused; without a list it is allowed.
-    let with_lid = |qp, lid| {
-        let Request::ConnectAv {
-            qp,
-            remote_qpn,
-            gid,
-            rq_psn,
-            sq_psn,
-            path_mtu,
-            rts,
-            ..
-        } = connect_av(qp, "127.0.0.3", 0x99)
-        else {
-            unreachable!()
-        };
-        Request::ConnectAv {
-            qp,
-            remote_qpn,
-            gid,
-            rq_psn,
-            sq_psn,
-            lid,
-            path_mtu,
-            rts,
-        }
-    };
+    let with_lid = |qp, lid| av(qp, "127.0.0.3", 0x99, lid, true);
     let b = Bench::with_av("[cm]\nallowed-peers = [\"127.0.0.0/8\"]");
     let mut a = b.channel(0);
     let qp = a.qp();
