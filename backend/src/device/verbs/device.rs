@@ -252,6 +252,11 @@ struct Inner {
     /// waits until every completion event the kernel reported for the CQ was acknowledged,
     /// and only the relay reads the completion channel, so it drains the channel first.
     graveyard: Mutex<Vec<Arc<VCq>>>,
+    /// The guest QPs the async-event thread looked at, dropped by the relay: if the guest
+    /// destroyed one meanwhile, the thread's reference is the last one, and `ibv_destroy_qp`
+    /// waits until every async event read for the QP is acknowledged — never on the thread
+    /// that reads and acknowledges them.
+    morgue: Mutex<Vec<Arc<VQp>>>,
 }
 
 /// The backend's device on a real RDMA device (issue 13; partial, see the module docs).
@@ -333,6 +338,7 @@ impl VerbsDevice {
             tables: Mutex::new(Tables::default()),
             poked: AtomicBool::new(false),
             graveyard: Mutex::new(Vec::new()),
+            morgue: Mutex::new(Vec::new()),
         });
         inner.ctx.set_async_nonblocking()?;
         let run = inner.clone();
@@ -386,6 +392,7 @@ impl Drop for VerbsDevice {
         if let Some(t) = self.async_thread.take() {
             let _ = t.join();
         }
+        drop(std::mem::take(&mut *lock(&self.inner.morgue)));
         // Everything the channels hold goes now (registrations before mappings, QPs before
         // CQs and PDs), not when the last Arc of `inner` happens to go.
         let chans: Vec<ChannelId> = lock(&self.inner.tables).channels.keys().copied().collect();
@@ -417,6 +424,8 @@ impl Inner {
         let mut events = Events::with_capacity(16);
         let mut idle_since = Instant::now();
         while !self.waker.stop.load(Ordering::SeqCst) {
+            // The async thread's QPs: destroyed here if the guest's are gone.
+            drop(std::mem::take(&mut *lock(&self.morgue)));
             let chans: Vec<Arc<VChan>> = lock(&self.tables).channels.values().cloned().collect();
             self.bury(&chans);
             self.poked.store(false, Ordering::SeqCst);
@@ -552,6 +561,7 @@ impl Inner {
                     handle: qpn,
                     detail,
                 });
+                lock(&self.morgue).push(q);
             }
             Action::Cq { handle } => {
                 for c in &chans {
@@ -582,18 +592,20 @@ impl Inner {
                             detail: 0,
                         });
                     }
-                    for q in qps {
-                        fail_qp(c, &q, true);
+                    for q in &qps {
+                        fail_qp(c, q, true);
                     }
+                    lock(&self.morgue).extend(qps);
                 }
             }
             Action::All { kind, detail, fail } => {
                 for c in &chans {
                     if fail {
                         let qps: Vec<Arc<VQp>> = lock(&c.res).qps.values().cloned().collect();
-                        for q in qps {
-                            fail_qp(c, &q, false);
+                        for q in &qps {
+                            fail_qp(c, q, false);
                         }
+                        lock(&self.morgue).extend(qps);
                     }
                     c.post(&EventRepr {
                         kind,
@@ -1659,6 +1671,10 @@ fn random_psn() -> u32 {
     );
     (h.finish() & 0xff_ffff) as u32
 }
+
+#[cfg(test)]
+#[path = "device_tests.rs"]
+mod fake_tests;
 
 #[cfg(test)]
 mod tests {

@@ -74,8 +74,9 @@ pub(crate) struct Fns {
 struct LibInner {
     fns: Fns,
     path: OsString,
-    // Dropped last (field order): the function pointers above point into it.
-    _lib: libloading::Library,
+    // Dropped last (field order): the function pointers above point into it (`None`: the
+    // unit tests' fake, whose functions are this binary's).
+    _lib: Option<libloading::Library>,
 }
 
 /// libibverbs, loaded. Cheap to clone; every verbs object holds a clone, so the library stays
@@ -167,9 +168,21 @@ impl VerbsLib {
             inner: Arc::new(LibInner {
                 fns,
                 path,
-                _lib: lib,
+                _lib: Some(lib),
             }),
         })
+    }
+
+    /// A library whose verbs are `fns` (the unit tests' fake layer, `super::fake`).
+    #[cfg(test)]
+    pub(crate) fn fake(fns: Fns) -> VerbsLib {
+        VerbsLib {
+            inner: Arc::new(LibInner {
+                fns,
+                path: "fake libibverbs".into(),
+                _lib: None,
+            }),
+        }
     }
 
     pub(crate) fn fns(&self) -> &Fns {

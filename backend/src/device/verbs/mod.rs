@@ -24,6 +24,8 @@ mod av;
 mod device;
 mod dl;
 mod events;
+#[cfg(test)]
+mod fake;
 mod keeper;
 pub mod probe;
 mod relay;

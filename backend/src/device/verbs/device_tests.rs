@@ -1,0 +1,47 @@
+//! The verbs device on the fake libibverbs (`super::super::fake`): its threads and control
+//! paths, on any host.
+
+use super::super::fake::{self, Elem};
+use super::*;
+use crate::device::testkit::TestChannel;
+
+const WAIT: Duration = Duration::from_secs(5);
+
+fn open(lib: &VerbsLib) -> VerbsDevice {
+    VerbsDevice::open(lib, "fake0", 1, EngineConfig::default()).expect("the fake device opens")
+}
+
+/// The async-event thread moves a QP to Error (QP_FATAL) while the guest destroys it: the
+/// thread's reference is then the last, and the HCA QP must not be destroyed on that thread
+/// (`ibv_destroy_qp` waits for the QP's async events to be acknowledged, which only that
+/// thread does).
+#[test]
+fn the_async_thread_never_destroys_a_guest_qp() {
+    let (_serial, lib) = fake::setup();
+    let dev = open(&lib);
+    let mut ch = TestChannel::open(&dev, 1, ChannelMode::Bypass);
+    let cq = ch.cq(&dev, 4);
+    let qp = ch.qp(&dev, &cq, &cq, 4);
+    fake::hold_err(true);
+    fake::push_event(IBV_EVENT_QP_FATAL, Elem::Qp(qp.num.0));
+    assert!(fake::wait_held(WAIT), "QP_FATAL moves the HCA QP to Error");
+    dev.destroy_qp(ch.id, qp.num).unwrap();
+    fake::hold_err(false);
+    assert!(
+        fake::wait_destroyed(qp.num.0, WAIT),
+        "the HCA QP is destroyed"
+    );
+    let d = fake::destroyed();
+    assert!(
+        d.iter().all(|(_, t)| !t.starts_with("vrdma-async")),
+        "destroyed on the async thread: {d:?}"
+    );
+    assert_eq!(fake::hung(), Vec::<u32>::new());
+    let evs = ch.take_events();
+    assert!(
+        evs.iter()
+            .any(|e| e.kind == EventKind::QpFatal && e.handle == qp.num.0),
+        "{evs:?}"
+    );
+    drop(dev);
+}
