@@ -257,6 +257,8 @@ struct Inner {
     /// waits until every async event read for the QP is acknowledged — never on the thread
     /// that reads and acknowledges them.
     morgue: Mutex<Vec<Arc<VQp>>>,
+    /// The device was reported lost (`DEVICE_FATAL`, or the async fd failed).
+    lost: AtomicBool,
 }
 
 /// The backend's device on a real RDMA device (issue 13; partial, see the module docs).
@@ -339,6 +341,7 @@ impl VerbsDevice {
             poked: AtomicBool::new(false),
             graveyard: Mutex::new(Vec::new()),
             morgue: Mutex::new(Vec::new()),
+            lost: AtomicBool::new(false),
         });
         inner.ctx.set_async_nonblocking()?;
         let run = inner.clone();
@@ -490,6 +493,9 @@ impl Inner {
     /// The async-event thread: waits (bounded, to see `stop`) for the non-blocking async fd,
     /// then reads every event there is ([`Context::next_async_event`] copies and
     /// acknowledges each before any lock is taken) and forwards it ([`Self::async_event`]).
+    /// When the fd or `ibv_get_async_event` fails (the device was removed or died: uverbs
+    /// then polls `EPOLLERR` and reads fail with `EIO`), the device is lost
+    /// ([`Self::device_lost`]) and the thread ends.
     fn watch_async(self: Arc<Self>) {
         use rustix::event::{poll, PollFd, PollFlags, Timespec};
         // SAFETY: the context's async fd, open as long as the context (`self` holds it).
@@ -504,24 +510,38 @@ impl Inner {
                 Ok(0) => continue,
                 Ok(_) => {}
                 Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => {
-                    tracing::error!("verbs async events: poll failed: {e}");
-                    std::thread::sleep(Duration::from_millis(200));
-                    continue;
-                }
+                Err(e) => return self.device_lost(&format!("poll on the async fd: {e}")),
             }
+            let broken = fds[0]
+                .revents()
+                .intersects(PollFlags::ERR | PollFlags::HUP | PollFlags::NVAL);
             loop {
                 match self.ctx.next_async_event() {
                     Ok(Some(ev)) => self.async_event(&ev),
-                    Ok(None) => break,
-                    Err(e) => {
-                        tracing::error!("verbs async events: {e}");
-                        std::thread::sleep(Duration::from_millis(200));
-                        break;
+                    Ok(None) if broken => {
+                        return self.device_lost("the async fd reports an error and no event")
                     }
+                    Ok(None) => break,
+                    Err(e) if e.errno() == Some(libc::EINTR) => continue,
+                    Err(e) => return self.device_lost(&e.to_string()),
                 }
             }
         }
+    }
+
+    /// The device is gone (`why`): unless a `DEVICE_FATAL` said so already, every QP fails
+    /// and every channel gets `DeviceLost`, once.
+    fn device_lost(&self, why: &str) {
+        if self.lost.swap(true, Ordering::SeqCst) {
+            tracing::error!("verbs device lost ({why}); its async events end");
+            return;
+        }
+        tracing::error!("verbs device lost ({why}): DeviceLost to every channel");
+        self.apply(super::events::Action::All {
+            kind: EventKind::DeviceLost,
+            detail: 0,
+            fail: true,
+        });
     }
 
     /// Forwards one asynchronous event of the device to the guests it concerns
@@ -535,6 +555,15 @@ impl Inner {
             return;
         }
         tracing::info!(event = %name, element = ?ev.element, "device event: {act:?}");
+        if ev.kind == IBV_EVENT_DEVICE_FATAL && self.lost.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        self.apply(act);
+    }
+
+    /// Applies one action of [`super::events::action`].
+    fn apply(&self, act: super::events::Action) {
+        use super::events::Action;
         let chans: Vec<Arc<VChan>> = lock(&self.tables).channels.values().cloned().collect();
         match act {
             Action::Qp {

@@ -45,3 +45,53 @@ fn the_async_thread_never_destroys_a_guest_qp() {
     );
     drop(dev);
 }
+
+/// Waits (up to [`WAIT`]) until the async thread has ended.
+fn async_thread_ends(dev: &VerbsDevice) -> bool {
+    let end = Instant::now() + WAIT;
+    while Instant::now() < end {
+        if dev.async_thread.as_ref().is_some_and(|t| t.is_finished()) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
+fn device_lost(evs: &[EventRepr]) -> usize {
+    evs.iter()
+        .filter(|e| e.kind == EventKind::DeviceLost)
+        .count()
+}
+
+/// A device removed under the backend: the async fd hangs up and `ibv_get_async_event`
+/// fails with EIO. Every channel hears `DeviceLost` once, its QPs fail, the thread ends
+/// (instead of retrying every 200 ms for ever).
+#[test]
+fn a_lost_device_is_reported_once_and_the_async_thread_ends() {
+    let (_serial, lib) = fake::setup();
+    let dev = open(&lib);
+    let mut a = TestChannel::open(&dev, 1, ChannelMode::Bypass);
+    let mut b = TestChannel::open(&dev, 2, ChannelMode::Mediated);
+    let cq = a.cq(&dev, 4);
+    let qp = a.qp(&dev, &cq, &cq, 4);
+    fake::lose_device();
+    assert!(async_thread_ends(&dev), "the async thread still runs");
+    assert_eq!(device_lost(&a.take_events()), 1);
+    assert_eq!(device_lost(&b.take_events()), 1);
+    assert_eq!(dev.qp_state(a.id, qp.num).unwrap(), QpState::Error);
+    drop(dev);
+}
+
+/// `DEVICE_FATAL` then the failing fd: still one `DeviceLost`.
+#[test]
+fn a_device_fatal_event_then_a_failing_fd_is_one_device_lost() {
+    let (_serial, lib) = fake::setup();
+    let dev = open(&lib);
+    let mut a = TestChannel::open(&dev, 1, ChannelMode::Bypass);
+    fake::push_event(IBV_EVENT_DEVICE_FATAL, Elem::Device);
+    fake::lose_device();
+    assert!(async_thread_ends(&dev), "the async thread still runs");
+    assert_eq!(device_lost(&a.take_events()), 1);
+    drop(dev);
+}
