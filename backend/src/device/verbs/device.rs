@@ -283,20 +283,14 @@ impl VerbsDevice {
         super::av::remote_av(&self.inner.av, remote, pattr.active_mtu, &gids)
     }
 
-    /// The port's non-zero GIDs (index, GID), its first 256 entries; none on InfiniBand
-    /// without a GID of its own.
-    fn port_gids(&self, pattr: &super::abi::ibv_port_attr) -> Vec<(i32, [u8; 16])> {
+    /// The port's non-zero GIDs with their types, its first 256 entries; none on
+    /// InfiniBand without a GID of its own.
+    fn port_gids(&self, pattr: &super::abi::ibv_port_attr) -> Vec<super::PortGid> {
         let inner = &self.inner;
-        let mut gids = Vec::new();
-        if inner.av.gid.is_some() {
-            for i in 0..pattr.gid_tbl_len.clamp(0, 256) {
-                match inner.ctx.query_gid(inner.av.port, i) {
-                    Ok(g) if g.raw() != [0; 16] => gids.push((i, g.raw())),
-                    _ => {}
-                }
-            }
+        if inner.av.gid.is_none() {
+            return Vec::new();
         }
-        gids
+        inner.ctx.gid_table(inner.av.port, pattr)
     }
 
     /// Opens port `port` of device `ibdev` (it must be ACTIVE) and starts the relay thread.
@@ -1513,7 +1507,7 @@ impl Device for VerbsDevice {
             return true;
         }
         match self.inner.ctx.query_port(av.port) {
-            Ok(pattr) => self.port_gids(&pattr).iter().any(|(_, g)| *g == remote.gid),
+            Ok(pattr) => self.port_gids(&pattr).iter().any(|g| g.gid == remote.gid),
             // Unknown: treat it as ours (a pairing), the safe side.
             Err(_) => true,
         }

@@ -95,3 +95,44 @@ fn a_device_fatal_event_then_a_failing_fd_is_one_device_lost() {
     assert_eq!(device_lost(&a.take_events()), 1);
     drop(dev);
 }
+
+fn mapped(last: u8) -> [u8; 16] {
+    let mut g = [0u8; 16];
+    g[10] = 0xff;
+    g[11] = 0xff;
+    g[12..].copy_from_slice(&[192, 0, 2, last]);
+    g
+}
+
+/// mlx4/mlx5 list each address as RoCE v1 then v2: the device's own GID and the source GID
+/// of an address vector are the v2 entries.
+#[test]
+fn the_device_sends_from_roce_v2_gids() {
+    let (_serial, lib) = fake::setup();
+    let mut ll = [0u8; 16];
+    ll[0] = 0xfe;
+    ll[1] = 0x80;
+    ll[15] = 1;
+    fake::set_gids(
+        IBV_LINK_LAYER_ETHERNET,
+        &[
+            (ll, IBV_GID_TYPE_ROCE_V1),
+            (ll, IBV_GID_TYPE_ROCE_V2),
+            (mapped(1), IBV_GID_TYPE_ROCE_V1),
+            (mapped(1), IBV_GID_TYPE_ROCE_V2),
+        ],
+    );
+    let dev = open(&lib);
+    assert_eq!(dev.inner.av.gid_index, Some(1), "the port's own GID");
+    let av = dev
+        .remote_av(&RemoteAv {
+            gid: mapped(9),
+            lid: 0,
+            qpn: 0x99,
+            psn: 1,
+            mtu: 0,
+        })
+        .unwrap();
+    assert_eq!(av.gid_index, Some(3), "the IPv4 source GID");
+    drop(dev);
+}

@@ -12,7 +12,7 @@
 //!   `events_reported`, the events read); events not read yet are dropped, as the kernel drops
 //!   them. A wait that would never end is given up after 2 s and recorded ([`hung`]); the
 //!   thread each QP was destroyed on is recorded ([`destroyed`]);
-//! - a GID table with types ([`set_gids`]), `ibv_query_gid_type`;
+//! - a GID table with types ([`set_gids`]), `_ibv_query_gid_ex`;
 //! - [`hold_err`]: `ibv_modify_qp` to ERR blocks until released (to stop a thread there).
 //!
 //! Completions, posts and registrations do nothing (the data path is tested on rxe).
@@ -323,19 +323,32 @@ unsafe extern "C" fn query_gid(_: *mut ibv_context, _: u8, i: c_int, g: *mut ibv
     }
 }
 
-pub(crate) unsafe extern "C" fn query_gid_type(
+unsafe extern "C" fn query_gid_ex(
     _: *mut ibv_context,
-    _: u8,
-    i: c_uint,
-    t: *mut u32,
+    port: u32,
+    i: u32,
+    e: *mut ibv_gid_entry,
+    _: u32,
+    size: usize,
 ) -> c_int {
+    if size < std::mem::size_of::<ibv_gid_entry>() {
+        return libc::EINVAL;
+    }
     match with(|s| s.gids.get(i as usize).copied()) {
-        Some((_, ty)) => {
-            // SAFETY: the caller's out-int.
-            unsafe { *t = ty };
+        Some((raw, ty)) => {
+            // SAFETY: the caller's out-struct, of the size checked.
+            unsafe {
+                *e = ibv_gid_entry {
+                    gid: ibv_gid { raw },
+                    gid_index: i,
+                    port_num: port,
+                    gid_type: ty,
+                    ndev_ifindex: 0,
+                }
+            };
             0
         }
-        None => libc::EINVAL,
+        None => libc::ENODATA,
     }
 }
 
@@ -592,5 +605,6 @@ fn fns() -> Fns {
         get_async_event,
         ack_async_event,
         wc_status_str,
+        query_gid_ex: Some(query_gid_ex),
     }
 }
