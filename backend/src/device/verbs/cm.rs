@@ -343,16 +343,32 @@ impl CmState {
     /// caller rejects. The taken ones stay until the guest answers them or closes its
     /// channel, as rdma_cm keeps a request id handed to the program after its listening id
     /// is destroyed (protocol.md, "Connection management: control ops").
-    fn close_listener(&mut self, l: ListenerId) -> Option<(Listener, Vec<ConnRequestId>)> {
+    /// A channel keeps at most `max_kept` taken requests of closed listeners
+    /// ([`CmConfig::max_kept_requests`]); those over it are rejected too.
+    fn close_listener(
+        &mut self,
+        l: ListenerId,
+        max_kept: usize,
+    ) -> Option<(Listener, Vec<ConnRequestId>)> {
         let x = self.listeners.remove(&l)?;
         self.ids.remove(&x.id.key());
-        let untaken = x
+        let already = self
+            .requests
+            .values()
+            .filter(|r| {
+                r.ch == x.ch
+                    && r.delivered
+                    && r.listener != l
+                    && !self.listeners.contains_key(&r.listener)
+            })
+            .count();
+        let (taken, mut rejected): (Vec<ConnRequestId>, Vec<ConnRequestId>) = x
             .requests
             .iter()
-            .copied()
-            .filter(|r| !self.requests.get(r).is_some_and(|r| r.delivered))
-            .collect();
-        Some((x, untaken))
+            .partition(|r| self.requests.get(r).is_some_and(|r| r.delivered));
+        let (_, over) = crate::device::soft::cm::kept_at_close(taken, already, max_kept);
+        rejected.extend(over);
+        Some((x, rejected))
     }
 }
 
@@ -1104,7 +1120,7 @@ impl VerbsDevice {
         if st.listeners.get(&l).map(|x| x.ch) != Some(ch) {
             return Err(bad("listener", l.0));
         }
-        if let Some((x, untaken)) = st.close_listener(l) {
+        if let Some((x, untaken)) = st.close_listener(l, s.config.max_kept_requests) {
             for r in untaken {
                 s.drop_request(&mut st, r, true);
             }
@@ -1502,10 +1518,43 @@ mod tests {
             "another channel's"
         );
         assert!(st.take_info(ch, taken).is_some());
-        let (_, untaken) = st.close_listener(l).unwrap();
+        let (_, untaken) = st.close_listener(l, 8).unwrap();
         assert_eq!(untaken, vec![waiting]);
         assert!(!st.listeners.contains_key(&l));
         assert!(st.take_info(ch, taken).is_some(), "the taken request stays");
+    }
+
+    /// A channel keeps at most `max_kept` taken requests of closed listeners.
+    #[test]
+    fn a_channel_keeps_a_bounded_number_of_taken_requests() {
+        let mut st = CmState::default();
+        let ch = ChannelId(1);
+        let a: SocketAddr = "10.77.0.1:7".parse().unwrap();
+        let mut rejected = Vec::new();
+        let mut all = Vec::new();
+        for _ in 0..2 {
+            let l = ListenerId(st.id());
+            st.listeners.insert(
+                l,
+                Listener {
+                    ch,
+                    domid: DomId(1),
+                    id: Id(NonNull::dangling()),
+                    addr: a,
+                    backlog: 8,
+                    requests: HashSet::new(),
+                },
+            );
+            for _ in 0..2 {
+                let r = request(&mut st, l, ch);
+                st.take_info(ch, r).unwrap();
+                all.push(r);
+            }
+            let (_, mut out) = st.close_listener(l, 3).unwrap();
+            out.sort_by_key(|r| r.0);
+            rejected.push(out);
+        }
+        assert_eq!(rejected, vec![vec![], vec![all[3]]]);
     }
 
     #[test]
