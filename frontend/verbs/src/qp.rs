@@ -355,8 +355,8 @@ pub unsafe extern "C" fn vrdma_verbs_ibv_modify_qp(
                 return EINVAL;
             };
             let conn = qp.vr.lock().unwrap_or_else(|e| e.into_inner()).connector();
-            if av.gid == [0; 16] || av.gid == ctx.gid {
-                // This backend's own GID: on the software device a pairing, which the
+            if av.gid == [0; 16] || ctx.gids.iter().any(|(g, _)| *g == av.gid) {
+                // One of this backend's GIDs: on the software device a pairing, which the
                 // backend answers when both ends have named each other, possibly after this
                 // program tells its peer our QP number: connect in the background, and let
                 // the first post_send wait for it. (A device with address vectors answers

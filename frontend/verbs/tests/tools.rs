@@ -52,6 +52,8 @@ fn ibv_devinfo_lists_the_vrdma_device_with_an_active_port() {
             "ibv_devinfo -v lacks {want:?}:\n{out}\n{err}"
         );
     }
+    // The software device has no GID table of its own: one GID, the backend's address.
+    assert!(!out.contains("GID[  1]:"), "a second GID:\n{out}");
     // The node GUID carries the guest's domain id (0276:7264:DDDD:0000).
     let guid = format!("node_guid:\t\t\t0276:7264:{:04x}:0000", d.0);
     assert!(out.contains(&guid), "no {guid:?} in:\n{out}");

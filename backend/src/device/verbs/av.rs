@@ -31,6 +31,22 @@ pub(crate) fn sendable(gids: &[PortGid]) -> Vec<PortGid> {
     }
 }
 
+/// The GID table the guests see (`QueryGid`): the port's non-zero entries `table` with
+/// their types (ibverbs' numbering, which the control ABI shares; an unreadable type on
+/// RoCE is taken for v2), the port's own GID (`own`, the index [`super::probe::port_av`]
+/// picked: the backend's address) first so that the guest's GID 0 stays the backend's
+/// address, the others after it in the port's order; at most `MAX_GIDS`.
+pub(crate) fn guest_table(table: &[PortGid], own: Option<i32>) -> Vec<([u8; 16], u32)> {
+    let entry = |g: &PortGid| (g.gid, g.ty.unwrap_or(IBV_GID_TYPE_ROCE_V2));
+    table
+        .iter()
+        .filter(|g| Some(g.index) == own)
+        .chain(table.iter().filter(|g| Some(g.index) != own))
+        .map(entry)
+        .take(shared_ring::abi::control::MAX_GIDS as usize)
+        .collect()
+}
+
 /// The address vector towards `remote` from the port `base` describes, whose GID table holds
 /// the non-zero entries `gids` and whose active MTU is `active_mtu`. Only [`sendable`]
 /// entries are picked (RoCE v2 when the port has them).
@@ -197,6 +213,38 @@ mod tests {
             vec![1, 3, 5],
             "{s:?}"
         );
+    }
+
+    /// The guest's table: the port's own GID first, every other entry after it with its
+    /// type, bounded.
+    #[test]
+    fn the_guest_table_starts_with_the_port_s_own_gid() {
+        use super::super::abi::IBV_GID_TYPE_ROCE_V1;
+        use shared_ring::abi::control::{GID_TYPE_ROCE_V1, GID_TYPE_ROCE_V2};
+        let v1 = |index, s: &str| PortGid {
+            ty: Some(IBV_GID_TYPE_ROCE_V1),
+            ..v2(index, s)
+        };
+        let table = [
+            v1(0, "fe80::1"),
+            v2(1, "fe80::1"),
+            v1(2, "::ffff:10.77.0.1"),
+            PortGid {
+                ty: None,
+                ..v2(3, "::ffff:10.77.0.1")
+            },
+        ];
+        assert_eq!(
+            guest_table(&table, Some(3)),
+            vec![
+                (g("::ffff:10.77.0.1"), GID_TYPE_ROCE_V2),
+                (g("fe80::1"), GID_TYPE_ROCE_V1),
+                (g("fe80::1"), GID_TYPE_ROCE_V2),
+                (g("::ffff:10.77.0.1"), GID_TYPE_ROCE_V1),
+            ]
+        );
+        let big: Vec<PortGid> = (0..40).map(|i| v2(i, "fd00::1")).collect();
+        assert_eq!(guest_table(&big, None).len(), 16);
     }
 
     #[test]

@@ -1513,6 +1513,21 @@ impl Device for VerbsDevice {
         }
     }
 
+    /// The port's GID table (`super::av::guest_table`: its own GID first, with types).
+    fn gid_table(&self) -> Vec<([u8; 16], u32)> {
+        let inner = &self.inner;
+        match inner.ctx.query_port(inner.av.port) {
+            Ok(pattr) => super::av::guest_table(
+                &inner.ctx.gid_table(inner.av.port, &pattr),
+                inner.av.gid_index,
+            ),
+            Err(e) => {
+                tracing::warn!("the GID table: {e}");
+                Vec::new()
+            }
+        }
+    }
+
     fn local_av(&self) -> Option<LocalAv> {
         let av = self.inner.av;
         Some(LocalAv {

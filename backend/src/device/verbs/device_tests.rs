@@ -136,3 +136,31 @@ fn the_device_sends_from_roce_v2_gids() {
     assert_eq!(av.gid_index, Some(3), "the IPv4 source GID");
     drop(dev);
 }
+
+/// The guests see the port's real GID table with types (`QueryGid`), its own GID first.
+#[test]
+fn the_guests_see_the_port_s_gid_table() {
+    let (_serial, lib) = fake::setup();
+    let mut ll = [0u8; 16];
+    ll[0] = 0xfe;
+    ll[1] = 0x80;
+    ll[15] = 1;
+    fake::set_gids(
+        IBV_LINK_LAYER_ETHERNET,
+        &[
+            (ll, IBV_GID_TYPE_ROCE_V2),
+            (mapped(1), IBV_GID_TYPE_ROCE_V2),
+            ([0; 16], IBV_GID_TYPE_ROCE_V2),
+        ],
+    );
+    let dev = open(&lib);
+    assert_eq!(
+        dev.gid_table(),
+        vec![
+            (ll, IBV_GID_TYPE_ROCE_V2),
+            (mapped(1), IBV_GID_TYPE_ROCE_V2)
+        ],
+        "the first non-zero v2 GID is the port's own; zero entries are left out"
+    );
+    drop(dev);
+}
