@@ -327,6 +327,17 @@ fn requests_before_init_and_bad_versions() {
         call(&mut svc, 6, Request::PollCq { cq: 77 }).status,
         Status::BadHandle
     );
+    // The software device has no GID table of its own (the guest library makes GID 0 from
+    // the backend's address) and QueryPort's GID stays zero.
+    assert_eq!(
+        call(&mut svc, 7, Request::QueryGid { port: 1, index: 0 }).status,
+        Status::NotSupported
+    );
+    let r = call(&mut svc, 8, Request::QueryPort { port: 1 });
+    assert!(
+        matches!(r.reply, Reply::Port { gid, .. } if gid == [0; 16]),
+        "{r:?}"
+    );
     // An unknown op is answered BadRequest with its req_id and op echoed.
     let mut slot = [0u8; CONTROL_SLOT_LEN];
     slot[..4].copy_from_slice(&99u32.to_le_bytes());

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use shared_ring::abi::control::{ChannelStats, DeviceAttrs, Reply, Request};
+use shared_ring::abi::control::{ChannelStats, DeviceAttrs, Reply, Request, Status};
 use xen_platform::{DomId, Platform};
 use xenstore_proto::client::XenbusStore;
 
@@ -13,6 +13,10 @@ use crate::error::{Error, Result};
 use crate::pd::ProtectionDomain;
 use crate::signal::Signal;
 use crate::AsyncEvent;
+
+/// One entry of the device port's GID table ([`Context::query_gids`]): the GID and its type
+/// (`GID_TYPE_IB`, `GID_TYPE_ROCE_V1`, `GID_TYPE_ROCE_V2` of the control ABI).
+pub type GidEntry = ([u8; 16], u32);
 
 /// Environment variable choosing the data-path mode: `bypass` (default) or `mediated`.
 pub const MODE_ENV: &str = "VRDMA_MODE";
@@ -205,6 +209,36 @@ impl Context {
     /// Device limits.
     pub fn query_device(&self) -> Result<DeviceAttrs> {
         self.inner.chan.query_device()
+    }
+
+    /// The device port's GID table (`QueryGid`): (GID, type: `GID_TYPE_IB`, `_ROCE_V1`,
+    /// `_ROCE_V2`), the backend's own GID first. `Ok(None)` when the backend has no table of
+    /// its own (the software device, or a backend older than the op): the guest then takes
+    /// the backend's address as its one GID.
+    pub fn query_gids(&self) -> Result<Option<Vec<GidEntry>>> {
+        let mut out = Vec::new();
+        let mut count = 1;
+        let mut index = 0;
+        while index < count {
+            match self.inner.chan.call(Request::QueryGid { port: 1, index }) {
+                Ok(Reply::Gid {
+                    gid,
+                    gid_type,
+                    count: n,
+                }) => {
+                    count = n.min(shared_ring::abi::control::MAX_GIDS);
+                    out.push((gid, gid_type));
+                }
+                Ok(r) => return Err(Error::protocol(format!("QueryGid answered with {r:?}"))),
+                Err(Error::Backend {
+                    status: Status::NotSupported | Status::BadRequest,
+                    ..
+                }) if index == 0 => return Ok(None),
+                Err(e) => return Err(e),
+            }
+            index += 1;
+        }
+        Ok((!out.is_empty()).then_some(out))
     }
 
     /// The backend's counters for this channel.

@@ -48,7 +48,7 @@ mod shm;
 mod signal;
 
 pub use cm::{CmInfo, ConnRequest, Listener, MAX_PRIVATE_DATA};
-pub use context::{Context, ContextBuilder, Mode, MODE_ENV};
+pub use context::{Context, ContextBuilder, GidEntry, Mode, MODE_ENV};
 pub use cq::{CompletionQueue, WorkCompletion};
 pub use error::{Error, Result};
 pub use mr::{AccessFlags, MemoryRegion, MrSlice, RemoteMr};

@@ -389,6 +389,17 @@ impl QueuePair {
         self.connector().connect(remote)
     }
 
+    /// Moves the QP to Error (`ModifyQp`): its posted work requests are flushed. For a QP
+    /// with no connection to end (never connected, or its connect was refused);
+    /// [`QueuePair::disconnect`] ends a connection.
+    pub fn set_error(&mut self) -> Result<()> {
+        self.shared.ctx().chan.call(Request::ModifyQp {
+            qp: self.shared.handle,
+            state: shared_ring::abi::control::QpState::Error,
+        })?;
+        Ok(())
+    }
+
     /// A handle that connects this QP from another thread. The backend answers a pairing
     /// `Connect` only once both ends have named each other, so a program that connects one end
     /// before telling the peer its QP number (as `ibv_rc_pingpong`'s server does) must not

@@ -54,6 +54,30 @@ fn handshake_publishes_the_channel_and_close_is_polite() {
     );
 }
 
+/// `Context::query_gids`: the backend's GID table entry by entry (a verbs device), or `None`
+/// when the backend has none of its own (the software device answers `NotSupported`).
+#[test]
+fn the_gid_table_is_the_backend_s() {
+    let w = World::new();
+    w.attach();
+    let be = FakeBackend::start(&w);
+    let ctx = open(&w, Mode::Bypass);
+    assert_eq!(ctx.query_gids().unwrap(), None);
+    let mut v4 = [0u8; 16];
+    v4[10] = 0xff;
+    v4[11] = 0xff;
+    v4[12..].copy_from_slice(&[10, 77, 0, 1]);
+    let mut ll = [0u8; 16];
+    ll[0] = 0xfe;
+    ll[1] = 0x80;
+    ll[15] = 1;
+    let table = vec![(v4, 2), (ll, 1), (ll, 2)];
+    be.state.lock().unwrap().gids = Some(table.clone());
+    assert_eq!(ctx.query_gids().unwrap(), Some(table));
+    let ops = be.state.lock().unwrap().ops.clone();
+    assert_eq!(ops.iter().filter(|o| **o == Op::QueryGid).count(), 4);
+}
+
 #[test]
 fn missing_device_and_refused_channel_are_clear_errors() {
     let w = World::new();

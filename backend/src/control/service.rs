@@ -383,6 +383,7 @@ impl ControlService {
             Request::Init { .. } => unreachable!("handled above"),
             Request::QueryDevice => Ok(Reply::Device(self.attrs())),
             Request::QueryPort { port } => self.query_port(port),
+            Request::QueryGid { port, index } => self.query_gid(port, index),
             Request::AllocPd => self.alloc_pd(ch),
             Request::DeallocPd { pd } => self.dealloc_pd(ch, PdId(pd)),
             Request::RegMr {
@@ -598,8 +599,40 @@ impl ControlService {
             state: 4, // ACTIVE, as ibverbs numbers it
             active_mtu: 4096,
             speed_mbps: 100_000,
-            gid: [0; 16],
+            // The device's own GID (the first of its table); none on the software device.
+            gid: self.device.gid_table().first().map_or([0; 16], |(g, _)| *g),
         })
+    }
+
+    /// Entry `index` of the device port's GID table (`QueryGid`). A device without a table
+    /// of its own answers `NotSupported` (the guest library then uses the backend's address).
+    fn query_gid(&self, port: u32, index: u32) -> Outcome {
+        if port != 1 {
+            return Err(Refusal::new(
+                Status::InvalidArgument,
+                format!("port {port} does not exist (the device has port 1)"),
+            ));
+        }
+        let mut table = self.device.gid_table();
+        table.truncate(shared_ring::abi::control::MAX_GIDS as usize);
+        if table.is_empty() {
+            return Err(Refusal::new(
+                Status::NotSupported,
+                "the device has no GID table of its own (the backend's address is GID 0)",
+            ));
+        }
+        let count = table.len() as u32;
+        match table.get(index as usize) {
+            Some(&(gid, gid_type)) => Ok(Reply::Gid {
+                gid,
+                gid_type,
+                count,
+            }),
+            None => Err(Refusal::new(
+                Status::InvalidArgument,
+                format!("GID index {index}: the table has {count} entries"),
+            )),
+        }
     }
 
     fn alloc_pd(&mut self, ch: ChannelId) -> Outcome {

@@ -51,7 +51,16 @@ pub struct CmConfig {
     /// timeout is twice it): a peer that died without a FIN or RST is noticed about
     /// `2 × peer_probe` later.
     pub peer_probe: Duration,
+    /// Connection requests a channel keeps after their listener closed (taken by the guest,
+    /// not answered yet). Closing a listener keeps its taken requests up to this, counting
+    /// those the channel keeps already; the rest are rejected as untaken ones are (the peer
+    /// gets a reject, the guest's later accept or reject of them fails: bad handle).
+    pub max_kept_requests: usize,
 }
+
+/// [`CmConfig::max_kept_requests`]'s default: the backlog of a listener (16 by default, at
+/// most 128 through `Listen`) times 4.
+pub const DEFAULT_MAX_KEPT_REQUESTS: usize = 64;
 
 impl Default for CmConfig {
     fn default() -> Self {
@@ -63,8 +72,23 @@ impl Default for CmConfig {
             max_ird: 16,
             max_ord: 16,
             peer_probe: super::super::iwarp::qp::DEFAULT_PEER_PROBE,
+            max_kept_requests: DEFAULT_MAX_KEPT_REQUESTS,
         }
     }
+}
+
+/// Which taken requests of a closing listener a channel keeps: `taken` (the listener's
+/// requests the guest took) in handle order, while the channel keeps fewer than `max`
+/// (`already` before this close). The others are rejected.
+pub(crate) fn kept_at_close(
+    mut taken: Vec<ConnRequestId>,
+    already: usize,
+    max: usize,
+) -> (Vec<ConnRequestId>, Vec<ConnRequestId>) {
+    taken.sort_by_key(|r| r.0);
+    let room = max.saturating_sub(already).min(taken.len());
+    let rejected = taken.split_off(room);
+    (taken, rejected)
 }
 
 impl CmConfig {
@@ -748,7 +772,8 @@ impl Inner {
     }
 
     /// Closes a listener: its requests the guest has not taken are rejected (those it took
-    /// stay until answered or the channel closes), its sockets closed by the thread (wait
+    /// stay until answered or the channel closes, up to [`CmConfig::max_kept_requests`] per
+    /// channel), its sockets closed by the thread (wait
     /// for the answer with [`wait_closed`], without the table lock: the thread may need it).
     fn close_listener_locked(&self, t: &mut Tables, l: ListenerId) -> Option<Receiver<()>> {
         let x = t.cm.listeners.remove(&l)?;
@@ -760,10 +785,33 @@ impl Inner {
             cm.tcp.send(Cmd::CloseListener { id: l.0, done });
             closed
         });
-        for req in x.requests {
-            if !t.cm.requests.get(&req).is_some_and(|r| r.delivered) {
-                self.reject_request_locked(t, req, &[]);
-            }
+        // Kept already: the channel's taken requests whose listener is gone.
+        let already =
+            t.cm.requests
+                .values()
+                .filter(|r| {
+                    r.ch == x.ch
+                        && r.delivered
+                        && r.listener != l
+                        && !t.cm.listeners.contains_key(&r.listener)
+                })
+                .count();
+        let (taken, untaken): (Vec<ConnRequestId>, Vec<ConnRequestId>) = x
+            .requests
+            .iter()
+            .partition(|req| t.cm.requests.get(req).is_some_and(|r| r.delivered));
+        let max = self.cm.get().map_or(0, |cm| cm.config.max_kept_requests);
+        let (_, over) = kept_at_close(taken, already, max);
+        if !over.is_empty() {
+            tracing::info!(
+                ch = x.ch.0,
+                rejected = over.len(),
+                max,
+                "closing a listener: the channel keeps {max} taken requests at most"
+            );
+        }
+        for req in untaken.into_iter().chain(over) {
+            self.reject_request_locked(t, req, &[]);
         }
         t.handles.release(l.0);
         closed

@@ -497,6 +497,13 @@ pub trait Device: Send + Sync {
     fn local_av(&self) -> Option<LocalAv> {
         None
     }
+    /// The GID table the guests see (`QueryGid`): (GID, `GID_TYPE_*` of the control ABI),
+    /// at most [`shared_ring::abi::control::MAX_GIDS`] entries, [`Self::local_av`]'s GID
+    /// first. Empty: the device has none of its own (the software device; the guest library
+    /// then makes its one GID from the backend's address).
+    fn gid_table(&self) -> Vec<([u8; 16], u32)> {
+        Vec::new()
+    }
     /// Whether the address vector `remote` names a QP of this device through the device's own
     /// port (another guest's QP on this backend, or the caller's own). Such a connect must be
     /// a pairing ([`Self::connect_qp`]: both ends name each other), never a one-sided RTR:

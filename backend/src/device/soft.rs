@@ -31,7 +31,7 @@ use super::*;
 use std::os::fd::{AsFd, AsRawFd};
 
 #[path = "cm.rs"]
-mod cm;
+pub(crate) mod cm;
 pub use cm::{CmConfig, PeerFilter};
 
 /// Largest queue the device accepts (log2).

@@ -144,6 +144,8 @@ pub struct BackState {
     /// Statuses to answer instead of serving, per op (one each).
     pub fail_next: HashMap<Op, Status>,
     pub quota_qps: Option<usize>,
+    /// The GID table `QueryGid` answers (`None`: `NotSupported`, as the software device).
+    pub gids: Option<Vec<([u8; 16], u32)>>,
     pub closed: bool,
     /// Mediated `PostSend` runs the toy engine.
     pub mediated_engine: bool,
@@ -521,6 +523,17 @@ fn answer(
         Request::PollCq { cq } => ok(Reply::Poll(
             st.mediated_cqes.get_mut(&cq).and_then(|q| q.pop_front()),
         )),
+        Request::QueryGid { index, .. } => match &st.gids {
+            Some(t) => match t.get(index as usize) {
+                Some(&(gid, gid_type)) => ok(Reply::Gid {
+                    gid,
+                    gid_type,
+                    count: t.len() as u32,
+                }),
+                None => ResponseRepr::error(req.req_id, op, Status::InvalidArgument),
+            },
+            None => ResponseRepr::error(req.req_id, op, Status::NotSupported),
+        },
         _ => ResponseRepr::error(req.req_id, op, Status::NotSupported),
     }
 }

@@ -2,9 +2,11 @@
 //! close, and the query verbs (device, port, GID, P_Key).
 //!
 //! **What the device reports** (docs/verbs.md): transport `IB`, link layer `Ethernet`, one
-//! port, always `ACTIVE`, LID 0, one GID of type RoCE v2 and one P_Key (0xffff) — what a RoCE
-//! device reports, so that AV-based programs (`ibv_rc_pingpong -g 0`) take the GID path and
-//! do not ask for a LID. GID 0 is the backend's address as an IPv6 address (`::ffff:a.b.c.d`
+//! port, always `ACTIVE`, LID 0, its GID table and one P_Key (0xffff) — what a RoCE device
+//! reports, so that AV-based programs (`ibv_rc_pingpong -g 0`) take the GID path and do not
+//! ask for a LID. On a verbs device the table is the device port's real one (`QueryGid`:
+//! entries with their types, the port's own GID first, at most 16); otherwise it has one
+//! entry of type RoCE v2. GID 0 is the backend's address as an IPv6 address (`::ffff:a.b.c.d`
 //! for IPv4), or, when the backend publishes none (intra-host only), `fe80::276:72ff:fe00:D`
 //! with D the backend's domain id. Every guest of one backend reports the same GID: it names
 //! the backend, and a QP's address vector with that GID (or without a GRH) means "a QP on this
@@ -168,7 +170,11 @@ pub(crate) struct Ctx {
     pub vr: vrdma::Context,
     pub devid: u32,
     pub attrs: DeviceAttrs,
+    /// GID 0 (`gids[0]`'s GID).
     pub gid: [u8; 16],
+    /// The GID table: (GID, `enum ibv_gid_type`), the backend's (`QueryGid`, a verbs
+    /// device's real table) or one entry, the backend's address as RoCE v2.
+    pub gids: Vec<([u8; 16], u32)>,
     pub guid: u64,
     /// CQ completion events and asynchronous events (`async_fd` is `watch.events.rd`).
     pub watch: Arc<Watch>,
@@ -248,7 +254,15 @@ pub unsafe extern "C" fn vrdma_verbs_ibv_open_device(d: *mut ibv_device) -> *mut
         vctx.context.async_fd = async_rd.as_raw_fd();
         vctx.context.num_comp_vectors = 1;
         vctx.context.abi_compat = VERBS_ABI_IS_EXTENDED as *mut c_void;
-        let gid = gid_for(&vr);
+        let gids = match vr.query_gids() {
+            Ok(Some(t)) => t,
+            Ok(None) => vec![(gid_for(&vr), IBV_GID_TYPE_ROCE_V2)],
+            Err(e) => {
+                tracing::debug!("QueryGid: {e}; GID 0 is the backend's address");
+                vec![(gid_for(&vr), IBV_GID_TYPE_ROCE_V2)]
+            }
+        };
+        let gid = gids[0].0;
         let watch = Watch::new(vr.clone(), async_rd, async_wr);
         watch.want_events();
         let ctx = Box::new(Ctx {
@@ -257,6 +271,7 @@ pub unsafe extern "C" fn vrdma_verbs_ibv_open_device(d: *mut ibv_device) -> *mut
             devid: dev.devid,
             attrs,
             gid,
+            gids,
             guid: guid(dev.devid),
             watch,
             qps: Mutex::new(Default::default()),
@@ -340,7 +355,7 @@ fn port_attr(ctx: &Ctx) -> ibv_port_attr {
         state: IBV_PORT_ACTIVE,
         max_mtu: IBV_MTU_4096,
         active_mtu: IBV_MTU_4096,
-        gid_tbl_len: 1,
+        gid_tbl_len: ctx.gids.len() as c_int,
         port_cap_flags: 0,
         max_msg_sz: 1 << 31,
         bad_pkey_cntr: 0,
@@ -417,17 +432,20 @@ pub unsafe extern "C" fn vrdma_verbs_ibv_query_gid(
             set_errno(EINVAL);
             return -1;
         };
-        if port != 1 || index != 0 || gid.is_null() {
+        let entry = usize::try_from(index).ok().and_then(|i| ctx.gids.get(i));
+        let (Some(&(raw, _)), 1, false) = (entry, port, gid.is_null()) else {
             set_errno(EINVAL);
             return -1;
-        }
+        };
         // SAFETY: the caller passes a writable `union ibv_gid`.
-        unsafe { gid.write(ibv_gid { raw: ctx.gid }) };
+        unsafe { gid.write(ibv_gid { raw }) };
         0
     })
 }
 
-/// `IBV_GID_TYPE_SYSFS_ROCE_V2` (driver.h's `enum ibv_gid_type_sysfs`).
+/// `IBV_GID_TYPE_SYSFS_IB_ROCE_V1`, `IBV_GID_TYPE_SYSFS_ROCE_V2` (driver.h's
+/// `enum ibv_gid_type_sysfs`).
+const GID_TYPE_SYSFS_IB_ROCE_V1: c_int = 0;
 const GID_TYPE_SYSFS_ROCE_V2: c_int = 1;
 
 #[no_mangle]
@@ -439,12 +457,21 @@ pub unsafe extern "C" fn vrdma_verbs_ibv_query_gid_type(
 ) -> c_int {
     guard(-1, || {
         // SAFETY: C contract: a live context of ours or NULL.
-        if unsafe { Ctx::of(c) }.is_none() || port != 1 || index != 0 || ty.is_null() {
+        let Some(ctx) = (unsafe { Ctx::of(c) }) else {
             set_errno(EINVAL);
             return -1;
-        }
+        };
+        let (Some(&(_, t)), 1, false) = (ctx.gids.get(index as usize), port, ty.is_null()) else {
+            set_errno(EINVAL);
+            return -1;
+        };
+        let sysfs = if t == IBV_GID_TYPE_ROCE_V2 {
+            GID_TYPE_SYSFS_ROCE_V2
+        } else {
+            GID_TYPE_SYSFS_IB_ROCE_V1
+        };
         // SAFETY: the caller passes a writable enum.
-        unsafe { ty.write(GID_TYPE_SYSFS_ROCE_V2) };
+        unsafe { ty.write(sysfs) };
         0
     })
 }
@@ -466,14 +493,14 @@ pub unsafe extern "C" fn vrdma_verbs__ibv_query_gid_ex(
         if flags != 0 || entry.is_null() || size < size_of::<ibv_gid_entry>() {
             return EINVAL;
         }
-        if port != 1 || index != 0 {
+        let Some(&(raw, gid_type)) = ctx.gids.get(index as usize).filter(|_| port == 1) else {
             return ENOENT;
-        }
+        };
         let e = ibv_gid_entry {
-            gid: ibv_gid { raw: ctx.gid },
-            gid_index: 0,
+            gid: ibv_gid { raw },
+            gid_index: index,
             port_num: 1,
-            gid_type: IBV_GID_TYPE_ROCE_V2,
+            gid_type,
             ndev_ifindex: 0,
         };
         // SAFETY: the caller's buffer holds at least one entry (checked `size`).
@@ -491,14 +518,32 @@ pub unsafe extern "C" fn vrdma_verbs__ibv_query_gid_table(
     size: usize,
 ) -> isize {
     guard(-(EIO as isize), || {
-        if max == 0 {
+        // SAFETY: C contract: a live context of ours or NULL.
+        let Some(ctx) = (unsafe { Ctx::of(c) }) else {
+            return -(EINVAL as isize);
+        };
+        let n = ctx.gids.len().min(max);
+        if n == 0 || size < size_of::<ibv_gid_entry>() {
             return -(EINVAL as isize);
         }
-        // SAFETY: the caller's contract is query_gid_ex's, for the one entry of the table.
-        match unsafe { vrdma_verbs__ibv_query_gid_ex(c, 1, 0, entries, flags, size) } {
-            0 => 1,
-            e => -(e as isize),
+        for i in 0..n {
+            // SAFETY: the caller's array holds `max` entries of `size` bytes (`size` at
+            // least ours: checked), and `i < max`; query_gid_ex writes one there.
+            let rc = unsafe {
+                vrdma_verbs__ibv_query_gid_ex(
+                    c,
+                    1,
+                    i as u32,
+                    entries.cast::<u8>().add(i * size).cast(),
+                    flags,
+                    size,
+                )
+            };
+            if rc != 0 {
+                return -(rc as isize);
+            }
         }
+        n as isize
     })
 }
 

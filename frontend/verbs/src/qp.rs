@@ -268,6 +268,17 @@ pub unsafe extern "C" fn vrdma_verbs_ibv_destroy_qp(p: *mut ibv_qp) -> c_int {
 /// The GID is the AV's global route's, or all zero without one (InfiniBand's LID; the
 /// software device's "this backend"); our own GID invented for a backend that publishes no
 /// address (see `device::gid_for`) is all zero too. `None`: an MTU ibverbs does not have.
+/// The backend's answer to a `Disconnect` of a QP that never connected.
+fn has_no_connection(e: &vrdma::Error) -> bool {
+    matches!(
+        e,
+        vrdma::Error::Backend {
+            op: vrdma::Op::Disconnect,
+            status: vrdma::Status::InvalidArgument,
+        }
+    )
+}
+
 fn av_of(
     ctx: &Ctx,
     a: &ibv_qp_attr,
@@ -344,8 +355,8 @@ pub unsafe extern "C" fn vrdma_verbs_ibv_modify_qp(
                 return EINVAL;
             };
             let conn = qp.vr.lock().unwrap_or_else(|e| e.into_inner()).connector();
-            if av.gid == [0; 16] || av.gid == ctx.gid {
-                // This backend's own GID: on the software device a pairing, which the
+            if av.gid == [0; 16] || ctx.gids.iter().any(|(g, _)| *g == av.gid) {
+                // One of this backend's GIDs: on the software device a pairing, which the
                 // backend answers when both ends have named each other, possibly after this
                 // program tells its peer our QP number: connect in the background, and let
                 // the first post_send wait for it. (A device with address vectors answers
@@ -412,8 +423,17 @@ pub unsafe extern "C" fn vrdma_verbs_ibv_modify_qp(
             if matches!(from, IBV_QPS_RTR | IBV_QPS_RTS) {
                 // The backend's Disconnect moves a paired (or pairing) QP to Error: its work
                 // requests flush, as on a move to ERR. (The peer's QP fails too; its flushed
-                // receives are not passed on, see cq::deliver_wc.)
-                if let Err(e) = qp.disconnect_for_err() {
+                // receives are not passed on, see cq::deliver_wc.) A QP whose connect of the
+                // move to RTR was refused (a peer not allowed, a bad address vector) has no
+                // connection to end — the backend says `InvalidArgument` — and goes to Error
+                // as any QP does.
+                let r = match qp.disconnect_for_err() {
+                    Err(e) if has_no_connection(&e) => {
+                        qp.vr.lock().unwrap_or_else(|e| e.into_inner()).set_error()
+                    }
+                    r => r,
+                };
+                if let Err(e) = r {
                     return fail("ibv_modify_qp(ERR)", &e);
                 }
             }

@@ -2,8 +2,9 @@
 //! and which path MTU the QP uses. Pure functions over the port's GID table (tested without
 //! a device).
 
-use super::abi::{ibv_gid, IBV_MTU_256, IBV_MTU_4096};
+use super::abi::{ibv_gid, IBV_GID_TYPE_ROCE_V2, IBV_MTU_256, IBV_MTU_4096};
 use super::probe::PortAv;
+use super::PortGid;
 use crate::device::RemoteAv;
 
 /// Whether a GID is an IPv4-mapped IPv6 address (RoCE v2 of an IPv4 address).
@@ -15,8 +16,40 @@ fn link_local(g: &[u8; 16]) -> bool {
     g[0] == 0xfe && g[1] & 0xc0 == 0x80
 }
 
+/// The entries of a RoCE port's GID table a QP may send from: its RoCE v2 ones when it has
+/// any (mlx4/mlx5 list every address twice, as RoCE v1 and v2; v1 is layer-2 only and not
+/// what a peer on another subnet, or rxe, speaks), else every entry (a port of RoCE v1 only,
+/// or types not readable). Entries of unknown type stay beside the v2 ones.
+pub(crate) fn sendable(gids: &[PortGid]) -> Vec<PortGid> {
+    if gids.iter().any(|g| g.ty == Some(IBV_GID_TYPE_ROCE_V2)) {
+        gids.iter()
+            .copied()
+            .filter(|g| g.ty.is_none() || g.ty == Some(IBV_GID_TYPE_ROCE_V2))
+            .collect()
+    } else {
+        gids.to_vec()
+    }
+}
+
+/// The GID table the guests see (`QueryGid`): the port's non-zero entries `table` with
+/// their types (ibverbs' numbering, which the control ABI shares; an unreadable type on
+/// RoCE is taken for v2), the port's own GID (`own`, the index [`super::probe::port_av`]
+/// picked: the backend's address) first so that the guest's GID 0 stays the backend's
+/// address, the others after it in the port's order; at most `MAX_GIDS`.
+pub(crate) fn guest_table(table: &[PortGid], own: Option<i32>) -> Vec<([u8; 16], u32)> {
+    let entry = |g: &PortGid| (g.gid, g.ty.unwrap_or(IBV_GID_TYPE_ROCE_V2));
+    table
+        .iter()
+        .filter(|g| Some(g.index) == own)
+        .chain(table.iter().filter(|g| Some(g.index) != own))
+        .map(entry)
+        .take(shared_ring::abi::control::MAX_GIDS as usize)
+        .collect()
+}
+
 /// The address vector towards `remote` from the port `base` describes, whose GID table holds
-/// the non-zero entries `gids` (index, GID) and whose active MTU is `active_mtu`.
+/// the non-zero entries `gids` and whose active MTU is `active_mtu`. Only [`sendable`]
+/// entries are picked (RoCE v2 when the port has them).
 ///
 /// - RoCE (`base` has a GID): the peer must have one; the source GID is of the same kind as
 ///   the peer's — an IPv4-mapped GID for an IPv4-mapped peer (RoCE v2 over IPv4; `base`'s
@@ -30,8 +63,9 @@ pub(crate) fn remote_av(
     base: &PortAv,
     remote: &RemoteAv,
     active_mtu: u32,
-    gids: &[(i32, [u8; 16])],
+    gids: &[PortGid],
 ) -> Result<PortAv, String> {
+    let gids: Vec<(i32, [u8; 16])> = sendable(gids).iter().map(|g| (g.index, g.gid)).collect();
     let mut av = *base;
     av.lid = remote.lid;
     av.mtu = match remote.mtu {
@@ -54,7 +88,10 @@ pub(crate) fn remote_av(
         return Err("a RoCE address vector needs the peer's GID (global route)".into());
     }
     let want_v4 = v4_mapped(&dgid);
-    let own = base.gid_index.zip(base.gid.map(|g| g.raw()));
+    let own = base
+        .gid_index
+        .zip(base.gid.map(|g| g.raw()))
+        .filter(|(i, _)| gids.iter().any(|(j, _)| i == j));
     let kind = |g: &[u8; 16]| v4_mapped(g) == want_v4;
     let pick = own
         .filter(|(_, g)| kind(g) && (want_v4 || link_local(g) == link_local(&dgid)))
@@ -86,6 +123,15 @@ mod tests {
         s.parse::<std::net::Ipv6Addr>().unwrap().octets()
     }
 
+    /// A RoCE v2 entry.
+    fn v2(index: i32, s: &str) -> PortGid {
+        PortGid {
+            index,
+            gid: g(s),
+            ty: Some(IBV_GID_TYPE_ROCE_V2),
+        }
+    }
+
     fn roce(index: i32, gid: [u8; 16]) -> PortAv {
         PortAv {
             port: 1,
@@ -110,11 +156,11 @@ mod tests {
     fn the_source_gid_is_of_the_peer_s_family() {
         // rxe0 on dummy0: index 0 link-local, 1 the IPv4 address, 2 a global IPv6 one.
         let table = [
-            (0, g("fe80::1")),
-            (1, g("::ffff:10.77.0.1")),
-            (2, g("fd00::1")),
+            v2(0, "fe80::1"),
+            v2(1, "::ffff:10.77.0.1"),
+            v2(2, "fd00::1"),
         ];
-        let base = roce(0, table[0].1);
+        let base = roce(0, table[0].gid);
         let av = remote_av(&base, &peer(g("::ffff:10.77.0.9"), 0), 4, &table).unwrap();
         assert_eq!(av.gid_index, Some(1));
         assert_eq!(av.gid.map(|x| x.raw()), Some(g("::ffff:10.77.0.9")));
@@ -130,10 +176,93 @@ mod tests {
         assert!(e.contains("needs the peer's GID"), "{e}");
     }
 
+    /// mlx5 lists every address twice, RoCE v1 first: the source GID is the v2 entry of the
+    /// peer's family, even when the port's own (first) GID is v1.
+    #[test]
+    fn the_source_gid_is_roce_v2_on_a_table_mixing_v1_and_v2() {
+        let v1 = |index, s: &str| PortGid {
+            ty: Some(super::super::abi::IBV_GID_TYPE_ROCE_V1),
+            ..v2(index, s)
+        };
+        let table = [
+            v1(0, "fe80::1"),
+            v2(1, "fe80::1"),
+            v1(2, "::ffff:10.77.0.1"),
+            v2(3, "::ffff:10.77.0.1"),
+            v1(4, "fd00::1"),
+            v2(5, "fd00::1"),
+        ];
+        for base in [roce(0, table[0].gid), roce(2, table[2].gid)] {
+            for (peer_gid, want) in [("::ffff:10.77.0.9", 3), ("fd00::9", 5), ("fe80::9", 1)] {
+                let av = remote_av(&base, &peer(g(peer_gid), 0), 4, &table).unwrap();
+                assert_eq!(av.gid_index, Some(want), "peer {peer_gid}");
+            }
+        }
+        // A port of RoCE v1 only (or of unreadable types) still sends, from what it has.
+        let av = remote_av(
+            &roce(2, table[2].gid),
+            &peer(g("::ffff:10.77.0.9"), 0),
+            4,
+            &[table[0], table[2]],
+        )
+        .unwrap();
+        assert_eq!(av.gid_index, Some(2));
+        let s = sendable(&table);
+        assert_eq!(
+            s.iter().map(|e| e.index).collect::<Vec<_>>(),
+            vec![1, 3, 5],
+            "{s:?}"
+        );
+    }
+
+    /// The guest's table: the port's own GID first, every other entry after it with its
+    /// type, bounded.
+    #[test]
+    fn the_guest_table_starts_with_the_port_s_own_gid() {
+        use super::super::abi::IBV_GID_TYPE_ROCE_V1;
+        use shared_ring::abi::control::{GID_TYPE_ROCE_V1, GID_TYPE_ROCE_V2};
+        let v1 = |index, s: &str| PortGid {
+            ty: Some(IBV_GID_TYPE_ROCE_V1),
+            ..v2(index, s)
+        };
+        let table = [
+            v1(0, "fe80::1"),
+            v2(1, "fe80::1"),
+            v1(2, "::ffff:10.77.0.1"),
+            PortGid {
+                ty: None,
+                ..v2(3, "::ffff:10.77.0.1")
+            },
+        ];
+        assert_eq!(
+            guest_table(&table, Some(3)),
+            vec![
+                (g("::ffff:10.77.0.1"), GID_TYPE_ROCE_V2),
+                (g("fe80::1"), GID_TYPE_ROCE_V1),
+                (g("fe80::1"), GID_TYPE_ROCE_V2),
+                (g("::ffff:10.77.0.1"), GID_TYPE_ROCE_V1),
+            ]
+        );
+        let big: Vec<PortGid> = (0..40).map(|i| v2(i, "fd00::1")).collect();
+        assert_eq!(guest_table(&big, None).len(), 16);
+    }
+
+    #[test]
+    fn sysfs_gid_types() {
+        use super::super::abi::IBV_GID_TYPE_ROCE_V1;
+        use super::super::gid_type_of_sysfs;
+        assert_eq!(gid_type_of_sysfs("RoCE v2\n"), Some(IBV_GID_TYPE_ROCE_V2));
+        assert_eq!(
+            gid_type_of_sysfs("IB/RoCE v1\n"),
+            Some(IBV_GID_TYPE_ROCE_V1)
+        );
+        assert_eq!(gid_type_of_sysfs(""), None);
+    }
+
     #[test]
     fn the_path_mtu_is_the_guest_s_within_the_port_s() {
-        let table = [(1, g("::ffff:10.77.0.1"))];
-        let base = roce(1, table[0].1);
+        let table = [v2(1, "::ffff:10.77.0.1")];
+        let base = roce(1, table[0].gid);
         let p = |m| remote_av(&base, &peer(g("::ffff:10.77.0.2"), m), IBV_MTU_2048, &table);
         assert_eq!(p(0).unwrap().mtu, IBV_MTU_1024);
         assert_eq!(p(1).unwrap().mtu, IBV_MTU_256);

@@ -299,6 +299,8 @@ struct Request {
     id: Id,
     info: CmInfo,
     peer_qpn: u32,
+    /// The guest asked its `CmInfo` (took the request): it outlives its listener.
+    delivered: bool,
 }
 
 struct QpConn {
@@ -324,6 +326,49 @@ impl CmState {
     fn id(&mut self) -> u32 {
         self.next = self.next.wrapping_add(1).max(1);
         self.next
+    }
+
+    /// The `CmInfo` of request `req` of channel `ch`, which the guest thereby takes.
+    fn take_info(&mut self, ch: ChannelId, req: ConnRequestId) -> Option<CmInfo> {
+        match self.requests.get_mut(&req) {
+            Some(r) if r.ch == ch => {
+                r.delivered = true;
+                Some(r.info.clone())
+            }
+            _ => None,
+        }
+    }
+
+    /// Removes listener `l`; returns it with its requests the guest has not taken, which the
+    /// caller rejects. The taken ones stay until the guest answers them or closes its
+    /// channel, as rdma_cm keeps a request id handed to the program after its listening id
+    /// is destroyed (protocol.md, "Connection management: control ops").
+    /// A channel keeps at most `max_kept` taken requests of closed listeners
+    /// ([`CmConfig::max_kept_requests`]); those over it are rejected too.
+    fn close_listener(
+        &mut self,
+        l: ListenerId,
+        max_kept: usize,
+    ) -> Option<(Listener, Vec<ConnRequestId>)> {
+        let x = self.listeners.remove(&l)?;
+        self.ids.remove(&x.id.key());
+        let already = self
+            .requests
+            .values()
+            .filter(|r| {
+                r.ch == x.ch
+                    && r.delivered
+                    && r.listener != l
+                    && !self.listeners.contains_key(&r.listener)
+            })
+            .count();
+        let (taken, mut rejected): (Vec<ConnRequestId>, Vec<ConnRequestId>) = x
+            .requests
+            .iter()
+            .partition(|r| self.requests.get(r).is_some_and(|r| r.delivered));
+        let (_, over) = crate::device::soft::cm::kept_at_close(taken, already, max_kept);
+        rejected.extend(over);
+        Some((x, rejected))
     }
 }
 
@@ -613,6 +658,7 @@ impl Shared {
                     ord: u16::from(e.initiator_depth),
                 },
                 peer_qpn: e.qp_num,
+                delivered: false,
             },
         );
         if let Ok(c) = inner.chan(ch) {
@@ -1074,12 +1120,10 @@ impl VerbsDevice {
         if st.listeners.get(&l).map(|x| x.ch) != Some(ch) {
             return Err(bad("listener", l.0));
         }
-        let reqs: Vec<ConnRequestId> = st.listeners[&l].requests.iter().copied().collect();
-        for r in reqs {
-            s.drop_request(&mut st, r, true);
-        }
-        if let Some(x) = st.listeners.remove(&l) {
-            st.ids.remove(&x.id.key());
+        if let Some((x, untaken)) = st.close_listener(l, s.config.max_kept_requests) {
+            for r in untaken {
+                s.drop_request(&mut st, r, true);
+            }
             s.destroy(x.id);
         }
         Ok(())
@@ -1286,11 +1330,9 @@ impl VerbsDevice {
         req: ConnRequestId,
     ) -> DeviceResult<CmInfo> {
         let s = self.vcm()?;
-        let st = lock(&s.st);
-        match st.requests.get(&req) {
-            Some(r) if r.ch == ch => Ok(r.info.clone()),
-            _ => Err(bad("connection request", req.0)),
-        }
+        let mut st = lock(&s.st);
+        st.take_info(ch, req)
+            .ok_or(bad("connection request", req.0))
     }
 
     pub(super) fn cm_qp_info_impl(&self, ch: ChannelId, qp: QpNum) -> DeviceResult<CmInfo> {
@@ -1423,6 +1465,96 @@ mod tests {
         assert!(check_len(&[0; REQ_PRIVATE_DATA + 1], REQ_PRIVATE_DATA, "").is_err());
         assert!(check_len(&[0; REP_PRIVATE_DATA + 1], REP_PRIVATE_DATA, "").is_err());
         assert!(check_len(&[0; REJ_PRIVATE_DATA], REJ_PRIVATE_DATA, "").is_ok());
+    }
+
+    fn request(st: &mut CmState, l: ListenerId, ch: ChannelId) -> ConnRequestId {
+        let req = ConnRequestId(st.id());
+        st.listeners.get_mut(&l).unwrap().requests.insert(req);
+        let a: SocketAddr = "10.77.0.1:7".parse().unwrap();
+        st.requests.insert(
+            req,
+            Request {
+                listener: l,
+                ch,
+                // Never dereferenced: the table alone is tested.
+                id: Id(NonNull::dangling()),
+                info: CmInfo {
+                    local: a,
+                    peer: a,
+                    private_data: Vec::new(),
+                    ird: 0,
+                    ord: 0,
+                },
+                peer_qpn: 0,
+                delivered: false,
+            },
+        );
+        req
+    }
+
+    /// CloseListener rejects the requests the guest has not taken; those it took (asked their
+    /// `CmInfo`) stay, answerable, as on the software device.
+    #[test]
+    fn closing_a_listener_keeps_the_requests_the_guest_took() {
+        let mut st = CmState::default();
+        let ch = ChannelId(1);
+        let l = ListenerId(st.id());
+        let a: SocketAddr = "10.77.0.1:7".parse().unwrap();
+        st.listeners.insert(
+            l,
+            Listener {
+                ch,
+                domid: DomId(1),
+                id: Id(NonNull::dangling()),
+                addr: a,
+                backlog: 8,
+                requests: HashSet::new(),
+            },
+        );
+        let taken = request(&mut st, l, ch);
+        let waiting = request(&mut st, l, ch);
+        assert!(
+            st.take_info(ChannelId(2), taken).is_none(),
+            "another channel's"
+        );
+        assert!(st.take_info(ch, taken).is_some());
+        let (_, untaken) = st.close_listener(l, 8).unwrap();
+        assert_eq!(untaken, vec![waiting]);
+        assert!(!st.listeners.contains_key(&l));
+        assert!(st.take_info(ch, taken).is_some(), "the taken request stays");
+    }
+
+    /// A channel keeps at most `max_kept` taken requests of closed listeners.
+    #[test]
+    fn a_channel_keeps_a_bounded_number_of_taken_requests() {
+        let mut st = CmState::default();
+        let ch = ChannelId(1);
+        let a: SocketAddr = "10.77.0.1:7".parse().unwrap();
+        let mut rejected = Vec::new();
+        let mut all = Vec::new();
+        for _ in 0..2 {
+            let l = ListenerId(st.id());
+            st.listeners.insert(
+                l,
+                Listener {
+                    ch,
+                    domid: DomId(1),
+                    id: Id(NonNull::dangling()),
+                    addr: a,
+                    backlog: 8,
+                    requests: HashSet::new(),
+                },
+            );
+            for _ in 0..2 {
+                let r = request(&mut st, l, ch);
+                st.take_info(ch, r).unwrap();
+                all.push(r);
+            }
+            let (_, mut out) = st.close_listener(l, 3).unwrap();
+            out.sort_by_key(|r| r.0);
+            rejected.push(out);
+        }
+        assert_eq!(rejected, vec![vec![], vec![all[3]]]);
     }
 
     #[test]

@@ -252,6 +252,13 @@ struct Inner {
     /// waits until every completion event the kernel reported for the CQ was acknowledged,
     /// and only the relay reads the completion channel, so it drains the channel first.
     graveyard: Mutex<Vec<Arc<VCq>>>,
+    /// The guest QPs the async-event thread looked at, dropped by the relay: if the guest
+    /// destroyed one meanwhile, the thread's reference is the last one, and `ibv_destroy_qp`
+    /// waits until every async event read for the QP is acknowledged — never on the thread
+    /// that reads and acknowledges them.
+    morgue: Mutex<Vec<Arc<VQp>>>,
+    /// The device was reported lost (`DEVICE_FATAL`, or the async fd failed).
+    lost: AtomicBool,
 }
 
 /// The backend's device on a real RDMA device (issue 13; partial, see the module docs).
@@ -276,20 +283,14 @@ impl VerbsDevice {
         super::av::remote_av(&self.inner.av, remote, pattr.active_mtu, &gids)
     }
 
-    /// The port's non-zero GIDs (index, GID), its first 256 entries; none on InfiniBand
-    /// without a GID of its own.
-    fn port_gids(&self, pattr: &super::abi::ibv_port_attr) -> Vec<(i32, [u8; 16])> {
+    /// The port's non-zero GIDs with their types, its first 256 entries; none on
+    /// InfiniBand without a GID of its own.
+    fn port_gids(&self, pattr: &super::abi::ibv_port_attr) -> Vec<super::PortGid> {
         let inner = &self.inner;
-        let mut gids = Vec::new();
-        if inner.av.gid.is_some() {
-            for i in 0..pattr.gid_tbl_len.clamp(0, 256) {
-                match inner.ctx.query_gid(inner.av.port, i) {
-                    Ok(g) if g.raw() != [0; 16] => gids.push((i, g.raw())),
-                    _ => {}
-                }
-            }
+        if inner.av.gid.is_none() {
+            return Vec::new();
         }
-        gids
+        inner.ctx.gid_table(inner.av.port, pattr)
     }
 
     /// Opens port `port` of device `ibdev` (it must be ACTIVE) and starts the relay thread.
@@ -333,6 +334,8 @@ impl VerbsDevice {
             tables: Mutex::new(Tables::default()),
             poked: AtomicBool::new(false),
             graveyard: Mutex::new(Vec::new()),
+            morgue: Mutex::new(Vec::new()),
+            lost: AtomicBool::new(false),
         });
         inner.ctx.set_async_nonblocking()?;
         let run = inner.clone();
@@ -386,6 +389,7 @@ impl Drop for VerbsDevice {
         if let Some(t) = self.async_thread.take() {
             let _ = t.join();
         }
+        drop(std::mem::take(&mut *lock(&self.inner.morgue)));
         // Everything the channels hold goes now (registrations before mappings, QPs before
         // CQs and PDs), not when the last Arc of `inner` happens to go.
         let chans: Vec<ChannelId> = lock(&self.inner.tables).channels.keys().copied().collect();
@@ -417,6 +421,8 @@ impl Inner {
         let mut events = Events::with_capacity(16);
         let mut idle_since = Instant::now();
         while !self.waker.stop.load(Ordering::SeqCst) {
+            // The async thread's QPs: destroyed here if the guest's are gone.
+            drop(std::mem::take(&mut *lock(&self.morgue)));
             let chans: Vec<Arc<VChan>> = lock(&self.tables).channels.values().cloned().collect();
             self.bury(&chans);
             self.poked.store(false, Ordering::SeqCst);
@@ -481,6 +487,9 @@ impl Inner {
     /// The async-event thread: waits (bounded, to see `stop`) for the non-blocking async fd,
     /// then reads every event there is ([`Context::next_async_event`] copies and
     /// acknowledges each before any lock is taken) and forwards it ([`Self::async_event`]).
+    /// When the fd or `ibv_get_async_event` fails (the device was removed or died: uverbs
+    /// then polls `EPOLLERR` and reads fail with `EIO`), the device is lost
+    /// ([`Self::device_lost`]) and the thread ends.
     fn watch_async(self: Arc<Self>) {
         use rustix::event::{poll, PollFd, PollFlags, Timespec};
         // SAFETY: the context's async fd, open as long as the context (`self` holds it).
@@ -495,24 +504,38 @@ impl Inner {
                 Ok(0) => continue,
                 Ok(_) => {}
                 Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => {
-                    tracing::error!("verbs async events: poll failed: {e}");
-                    std::thread::sleep(Duration::from_millis(200));
-                    continue;
-                }
+                Err(e) => return self.device_lost(&format!("poll on the async fd: {e}")),
             }
+            let broken = fds[0]
+                .revents()
+                .intersects(PollFlags::ERR | PollFlags::HUP | PollFlags::NVAL);
             loop {
                 match self.ctx.next_async_event() {
                     Ok(Some(ev)) => self.async_event(&ev),
-                    Ok(None) => break,
-                    Err(e) => {
-                        tracing::error!("verbs async events: {e}");
-                        std::thread::sleep(Duration::from_millis(200));
-                        break;
+                    Ok(None) if broken => {
+                        return self.device_lost("the async fd reports an error and no event")
                     }
+                    Ok(None) => break,
+                    Err(e) if e.errno() == Some(libc::EINTR) => continue,
+                    Err(e) => return self.device_lost(&e.to_string()),
                 }
             }
         }
+    }
+
+    /// The device is gone (`why`): unless a `DEVICE_FATAL` said so already, every QP fails
+    /// and every channel gets `DeviceLost`, once.
+    fn device_lost(&self, why: &str) {
+        if self.lost.swap(true, Ordering::SeqCst) {
+            tracing::error!("verbs device lost ({why}); its async events end");
+            return;
+        }
+        tracing::error!("verbs device lost ({why}): DeviceLost to every channel");
+        self.apply(super::events::Action::All {
+            kind: EventKind::DeviceLost,
+            detail: 0,
+            fail: true,
+        });
     }
 
     /// Forwards one asynchronous event of the device to the guests it concerns
@@ -526,6 +549,15 @@ impl Inner {
             return;
         }
         tracing::info!(event = %name, element = ?ev.element, "device event: {act:?}");
+        if ev.kind == IBV_EVENT_DEVICE_FATAL && self.lost.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        self.apply(act);
+    }
+
+    /// Applies one action of [`super::events::action`].
+    fn apply(&self, act: super::events::Action) {
+        use super::events::Action;
         let chans: Vec<Arc<VChan>> = lock(&self.tables).channels.values().cloned().collect();
         match act {
             Action::Qp {
@@ -552,6 +584,7 @@ impl Inner {
                     handle: qpn,
                     detail,
                 });
+                lock(&self.morgue).push(q);
             }
             Action::Cq { handle } => {
                 for c in &chans {
@@ -582,18 +615,20 @@ impl Inner {
                             detail: 0,
                         });
                     }
-                    for q in qps {
-                        fail_qp(c, &q, true);
+                    for q in &qps {
+                        fail_qp(c, q, true);
                     }
+                    lock(&self.morgue).extend(qps);
                 }
             }
             Action::All { kind, detail, fail } => {
                 for c in &chans {
                     if fail {
                         let qps: Vec<Arc<VQp>> = lock(&c.res).qps.values().cloned().collect();
-                        for q in qps {
-                            fail_qp(c, &q, false);
+                        for q in &qps {
+                            fail_qp(c, q, false);
                         }
+                        lock(&self.morgue).extend(qps);
                     }
                     c.post(&EventRepr {
                         kind,
@@ -1472,9 +1507,24 @@ impl Device for VerbsDevice {
             return true;
         }
         match self.inner.ctx.query_port(av.port) {
-            Ok(pattr) => self.port_gids(&pattr).iter().any(|(_, g)| *g == remote.gid),
+            Ok(pattr) => self.port_gids(&pattr).iter().any(|g| g.gid == remote.gid),
             // Unknown: treat it as ours (a pairing), the safe side.
             Err(_) => true,
+        }
+    }
+
+    /// The port's GID table (`super::av::guest_table`: its own GID first, with types).
+    fn gid_table(&self) -> Vec<([u8; 16], u32)> {
+        let inner = &self.inner;
+        match inner.ctx.query_port(inner.av.port) {
+            Ok(pattr) => super::av::guest_table(
+                &inner.ctx.gid_table(inner.av.port, &pattr),
+                inner.av.gid_index,
+            ),
+            Err(e) => {
+                tracing::warn!("the GID table: {e}");
+                Vec::new()
+            }
         }
     }
 
@@ -1659,6 +1709,10 @@ fn random_psn() -> u32 {
     );
     (h.finish() & 0xff_ffff) as u32
 }
+
+#[cfg(test)]
+#[path = "device_tests.rs"]
+mod fake_tests;
 
 #[cfg(test)]
 mod tests {

@@ -15,8 +15,8 @@ use std::sync::Arc;
 
 use verbs_abi::verbs::{
     ibv_async_event, ibv_comp_channel, ibv_context, ibv_cq, ibv_device, ibv_device_attr, ibv_gid,
-    ibv_mr, ibv_pd, ibv_port_attr, ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_recv_wr, ibv_send_wr,
-    ibv_wc,
+    ibv_gid_entry, ibv_mr, ibv_pd, ibv_port_attr, ibv_qp, ibv_qp_attr, ibv_qp_init_attr,
+    ibv_recv_wr, ibv_send_wr, ibv_wc,
 };
 
 use super::VerbsError;
@@ -69,13 +69,22 @@ pub(crate) struct Fns {
     pub get_async_event: unsafe extern "C" fn(*mut ibv_context, *mut ibv_async_event) -> c_int,
     pub ack_async_event: unsafe extern "C" fn(*mut ibv_async_event),
     pub wc_status_str: unsafe extern "C" fn(c_uint) -> *const c_char,
+    /// `_ibv_query_gid_ex` (what verbs.h's inline `ibv_query_gid_ex` calls; rdma-core 32
+    /// and later): `None` when the library lacks it (the GID type is then read from sysfs).
+    pub query_gid_ex: Option<QueryGidExFn>,
 }
+
+/// `int _ibv_query_gid_ex(struct ibv_context *, uint32_t port_num, uint32_t gid_index,
+/// struct ibv_gid_entry *entry, uint32_t flags, size_t entry_size)`: 0 or an errno value.
+pub(crate) type QueryGidExFn =
+    unsafe extern "C" fn(*mut ibv_context, u32, u32, *mut ibv_gid_entry, u32, usize) -> c_int;
 
 struct LibInner {
     fns: Fns,
     path: OsString,
-    // Dropped last (field order): the function pointers above point into it.
-    _lib: libloading::Library,
+    // Dropped last (field order): the function pointers above point into it (`None`: the
+    // unit tests' fake, whose functions are this binary's).
+    _lib: Option<libloading::Library>,
 }
 
 /// libibverbs, loaded. Cheap to clone; every verbs object holds a clone, so the library stays
@@ -162,14 +171,30 @@ impl VerbsLib {
             get_async_event: sym!("ibv_get_async_event"),
             ack_async_event: sym!("ibv_ack_async_event"),
             wc_status_str: sym!("ibv_wc_status_str"),
+            // SAFETY: as in `sym!`: the C signature of verbs.h's declaration.
+            query_gid_ex: unsafe { lib.get::<QueryGidExFn>(b"_ibv_query_gid_ex\0") }
+                .ok()
+                .map(|s| *s),
         };
         Ok(VerbsLib {
             inner: Arc::new(LibInner {
                 fns,
                 path,
-                _lib: lib,
+                _lib: Some(lib),
             }),
         })
+    }
+
+    /// A library whose verbs are `fns` (the unit tests' fake layer, `super::fake`).
+    #[cfg(test)]
+    pub(crate) fn fake(fns: Fns) -> VerbsLib {
+        VerbsLib {
+            inner: Arc::new(LibInner {
+                fns,
+                path: "fake libibverbs".into(),
+                _lib: None,
+            }),
+        }
     }
 
     pub(crate) fn fns(&self) -> &Fns {

@@ -24,6 +24,8 @@ mod av;
 mod device;
 mod dl;
 mod events;
+#[cfg(test)]
+mod fake;
 mod keeper;
 pub mod probe;
 mod relay;
@@ -336,6 +338,56 @@ impl Context {
             return Err(VerbsError::call("ibv_query_gid", rc_error(rc)));
         }
         Ok(gid)
+    }
+
+    /// The type (`IBV_GID_TYPE_IB`, `_ROCE_V1`, `_ROCE_V2`) of entry `index` of the port's
+    /// GID table: `_ibv_query_gid_ex` when the library has it, else the kernel's
+    /// `/sys/class/infiniband/<dev>/ports/<port>/gid_attrs/types/<index>`; `None` when
+    /// neither answers.
+    pub fn gid_type(&self, port: u8, index: i32) -> Option<u32> {
+        let index_u = u32::try_from(index).ok()?;
+        if let Some(f) = self.lib().fns().query_gid_ex {
+            let mut e = abi::ibv_gid_entry::default();
+            // SAFETY: a live context and a valid out-struct of the size passed.
+            let rc = unsafe {
+                f(
+                    self.raw(),
+                    u32::from(port),
+                    index_u,
+                    &mut e,
+                    0,
+                    std::mem::size_of::<abi::ibv_gid_entry>(),
+                )
+            };
+            if rc == 0 {
+                return Some(e.gid_type);
+            }
+        }
+        let path = format!(
+            "/sys/class/infiniband/{}/ports/{port}/gid_attrs/types/{index}",
+            self.name()
+        );
+        gid_type_of_sysfs(&std::fs::read_to_string(path).ok()?)
+    }
+
+    /// The port's non-zero GIDs (its first 256 entries) with their types: all
+    /// `IBV_GID_TYPE_IB` on an InfiniBand port.
+    pub fn gid_table(&self, port: u8, pattr: &ibv_port_attr) -> Vec<PortGid> {
+        let ib = pattr.link_layer != abi::IBV_LINK_LAYER_ETHERNET;
+        (0..pattr.gid_tbl_len.clamp(0, 256))
+            .filter_map(|index| {
+                let gid = self.query_gid(port, index).ok()?.raw();
+                (gid != [0; 16]).then(|| PortGid {
+                    index,
+                    gid,
+                    ty: if ib {
+                        Some(abi::IBV_GID_TYPE_IB)
+                    } else {
+                        self.gid_type(port, index)
+                    },
+                })
+            })
+            .collect()
     }
 
     /// `ibv_alloc_pd`.
@@ -900,6 +952,25 @@ impl Drop for Qp {
         if rc != 0 {
             tracing::error!(err = %rc_error(rc), "ibv_destroy_qp failed");
         }
+    }
+}
+
+/// One non-zero entry of a port's GID table ([`Context::gid_table`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortGid {
+    pub index: i32,
+    pub gid: [u8; 16],
+    /// `IBV_GID_TYPE_*`; `None` when the type could not be read.
+    pub ty: Option<u32>,
+}
+
+/// The type a sysfs `gid_attrs/types/<index>` file names: `RoCE v2`, or `IB/RoCE v1` (RoCE
+/// v1 on an Ethernet port; [`Context::gid_table`] types an InfiniBand port's GIDs itself).
+pub(crate) fn gid_type_of_sysfs(text: &str) -> Option<u32> {
+    match text.trim() {
+        "RoCE v2" => Some(abi::IBV_GID_TYPE_ROCE_V2),
+        "IB/RoCE v1" => Some(abi::IBV_GID_TYPE_ROCE_V1),
+        _ => None,
     }
 }
 

@@ -374,8 +374,8 @@ pub(crate) struct PortAv {
     pub mtu: u32,
 }
 
-/// The address of `port` of `ctx` (ACTIVE): its GID at `gid_index`, or the first non-zero one
-/// on RoCE; its LID on InfiniBand.
+/// The address of `port` of `ctx` (ACTIVE): its GID at `gid_index`, or the first non-zero
+/// RoCE v2 one on RoCE (the first non-zero one on a port without v2); its LID on InfiniBand.
 pub(crate) fn port_av(
     ctx: &Context,
     port: u8,
@@ -392,14 +392,9 @@ pub(crate) fn port_av(
     let gid_index = match gid_index {
         Some(i) => Some(i),
         None if pattr.link_layer == IBV_LINK_LAYER_ETHERNET => {
-            let mut found = None;
-            for i in 0..pattr.gid_tbl_len.clamp(0, 256) {
-                if matches!(ctx.query_gid(port, i), Ok(g) if g.raw() != [0; 16]) {
-                    found = Some(i);
-                    break;
-                }
-            }
-            Some(found.ok_or_else(|| {
+            // The first RoCE v2 GID (v1 ones only on a port without v2).
+            let table = super::av::sendable(&ctx.gid_table(port, &pattr));
+            Some(table.first().map(|g| g.index).ok_or_else(|| {
                 VerbsError::Invalid(format!("{} port {port} has no GID", ctx.name()))
             })?)
         }

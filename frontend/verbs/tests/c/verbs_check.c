@@ -346,6 +346,61 @@ int main(void)
 		printf("move to ERR right after RTR, 20 times: ok\n");
 	}
 
+	/* a move to ERR after a refused RTR: the backend refuses the address vector (here a
+	 * destination QP number beyond 24 bits; a peer outside [cm] allowed-peers is refused the
+	 * same way, NotPermitted), so the QP has no connection to end; ERR still works, flushes
+	 * the posted receive, and the QP is destroyed as any other */
+	{
+		struct ibv_mr *mr = ibv_reg_mr(pd, dst, 256, IBV_ACCESS_LOCAL_WRITE);
+		struct ibv_qp *qg = make_qp(IBV_QPT_RC);
+		if (!mr || !qg)
+			FAIL("refused-RTR QP");
+		struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
+			.qp_access_flags = IBV_ACCESS_LOCAL_WRITE };
+		if (ibv_modify_qp(qg, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+				  IBV_QP_ACCESS_FLAGS))
+			FAIL("refused-RTR QP to INIT");
+		struct ibv_sge sge = { .addr = (uintptr_t)dst, .length = 64, .lkey = mr->lkey };
+		struct ibv_recv_wr wr = { .wr_id = 900, .sg_list = &sge, .num_sge = 1 }, *bad;
+		if (ibv_post_recv(qg, &wr, &bad))
+			FAIL("refused-RTR post_recv");
+		memset(&a, 0, sizeof a);
+		a.qp_state = IBV_QPS_RTR;
+		a.path_mtu = IBV_MTU_1024;
+		a.dest_qp_num = 0x1000000;
+		a.ah_attr.is_global = 1;
+		a.ah_attr.grh.dgid = gid;
+		a.ah_attr.port_num = 1;
+		/* Refused at once or (a pairing, answered in the background) later: either way. */
+		int rtr = ibv_modify_qp(qg, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+					IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+					IBV_QP_MIN_RNR_TIMER);
+		memset(&a, 0, sizeof a);
+		a.qp_state = IBV_QPS_ERR;
+		int rc = ibv_modify_qp(qg, &a, IBV_QP_STATE);
+		if (rc)
+			FAIL("modify to ERR after a refused RTR (RTR gave %d): %s", rtr, strerror(rc));
+		int flushed = 0;
+		for (long i = 0; i < 20000000 && !flushed; i++) {
+			struct ibv_wc wc;
+			int n = ibv_poll_cq(cq, 1, &wc);
+			if (n < 0)
+				FAIL("poll_cq");
+			if (n == 1) {
+				if (wc.qp_num != qg->qp_num || wc.status != IBV_WC_WR_FLUSH_ERR ||
+				    wc.wr_id != 900)
+					FAIL("unexpected completion qp %u status %d wr_id %llu", wc.qp_num,
+					     wc.status, (unsigned long long)wc.wr_id);
+				flushed = 1;
+			}
+		}
+		if (!flushed)
+			FAIL("the receive was not flushed by the move to ERR after a refused RTR");
+		if (ibv_destroy_qp(qg) || ibv_dereg_mr(mr))
+			FAIL("refused-RTR QP teardown");
+		printf("move to ERR after a refused RTR: ok\n");
+	}
+
 	/* dereg revokes the rkey at once; the program keeps its bytes */
 	uint32_t old_rkey = md->rkey;
 	if (ibv_dereg_mr(md))

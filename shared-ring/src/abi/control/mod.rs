@@ -22,7 +22,10 @@ mod request;
 mod response;
 
 pub use request::{args, CmTarget, PrivData, Request, RequestRepr, AV_RTS, MAX_PATH_MTU, MAX_PSN};
-pub use response::{result, ChannelStats, CmInfoReply, DeviceAttrs, Reply, ResponseRepr};
+pub use response::{
+    result, ChannelStats, CmInfoReply, DeviceAttrs, Reply, ResponseRepr, GID_TYPE_IB,
+    GID_TYPE_ROCE_V1, GID_TYPE_ROCE_V2, MAX_GIDS,
+};
 
 use super::AbiError;
 
@@ -77,12 +80,15 @@ pub enum Op {
     CmPage = 25,
     /// Connect a QP by address vector (RTR/RTS towards a GID, QP number and PSNs).
     ConnectAv = 26,
+    /// One entry of the port's GID table, its type and the table's length (protocol 2.x
+    /// addition: an older backend answers `BadRequest`).
+    QueryGid = 27,
 }
 
 impl Op {
     pub fn from_u16(v: u16) -> Result<Self, AbiError> {
         use Op::*;
-        const ALL: [Op; 26] = [
+        const ALL: [Op; 27] = [
             Init,
             QueryDevice,
             QueryPort,
@@ -109,6 +115,7 @@ impl Op {
             CmInfo,
             CmPage,
             ConnectAv,
+            QueryGid,
         ];
         (v as usize)
             .checked_sub(1)
@@ -256,12 +263,12 @@ mod tests {
                 value: 0
             })
         );
-        b[4] = 27;
+        b[4] = 28;
         assert_eq!(
             RequestRepr::parse(&b).err(),
             Some(AbiError::Unknown {
                 what: "control op",
-                value: 27
+                value: 28
             })
         );
         b[4] = 2;

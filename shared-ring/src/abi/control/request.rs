@@ -13,8 +13,10 @@ use crate::abi::{check_len, get_u16, get_u32, get_u64, get_u8, set_u16, set_u32,
 pub mod args {
     /// `Init`: protocol version the frontend speaks.
     pub const INIT_VERSION: usize = 8;
-    /// `QueryPort`: port number (1-based).
+    /// `QueryPort`, `QueryGid`: port number (1-based).
     pub const PORT_NUM: usize = 8;
+    /// `QueryGid`: index in the port's GID table.
+    pub const GID_INDEX: usize = 12;
     /// Ops on one handle (`DeallocPd`, `DeregMr`, `DestroyCq`, `DestroyQp`, `PollCq`,
     /// `ModifyQp`, `Connect`, `PostSend`, `PostRecv`, `ArmCq`, `Accept`(listener)): the handle.
     pub const HANDLE: usize = 8;
@@ -273,6 +275,11 @@ pub enum Request {
     /// `rq_psn`, this QP's is `sq_psn` (with `rts`; else 0). Devices with address vectors
     /// (the verbs device) answer at once; the software device pairs with a QP of the same
     /// backend at RTR (as `Connect`: answered when connected) and takes the RTS as done.
+    /// Entry `index` of port `port`'s GID table.
+    QueryGid {
+        port: u32,
+        index: u32,
+    },
     ConnectAv {
         qp: u32,
         remote_qpn: u32,
@@ -317,6 +324,7 @@ impl Request {
             Self::CmInfo { .. } => Op::CmInfo,
             Self::CmPage => Op::CmPage,
             Self::ConnectAv { .. } => Op::ConnectAv,
+            Self::QueryGid { .. } => Op::QueryGid,
         }
     }
 }
@@ -343,6 +351,10 @@ impl RequestRepr {
             Op::QueryDevice => R::QueryDevice,
             Op::QueryPort => R::QueryPort {
                 port: get_u32(b, args::PORT_NUM),
+            },
+            Op::QueryGid => R::QueryGid {
+                port: get_u32(b, args::PORT_NUM),
+                index: get_u32(b, args::GID_INDEX),
             },
             Op::AllocPd => R::AllocPd,
             Op::DeallocPd => R::DeallocPd { pd: h },
@@ -498,6 +510,10 @@ impl RequestRepr {
             R::Init { version } => set_u32(b, args::INIT_VERSION, version),
             R::QueryDevice | R::AllocPd | R::Stats | R::CmPage => {}
             R::QueryPort { port } => set_u32(b, args::PORT_NUM, port),
+            R::QueryGid { port, index } => {
+                set_u32(b, args::PORT_NUM, port);
+                set_u32(b, args::GID_INDEX, index);
+            }
             R::DeallocPd { pd: h }
             | R::DeregMr { mr: h }
             | R::DestroyCq { cq: h }
@@ -635,6 +651,29 @@ fn get_addr(b: &[u8], at: usize) -> [u8; 16] {
 mod tests {
     use super::*;
     use crate::abi::control::access;
+
+    #[test]
+    fn query_gid_from_literal_bytes() {
+        let mut b = [0u8; 64];
+        b[0] = 3; // req_id
+        b[4] = 27; // QueryGid
+        b[8] = 1; // port
+        b[12] = 5; // index
+        let r = RequestRepr::parse(&b).unwrap();
+        assert_eq!(
+            r,
+            RequestRepr {
+                req_id: 3,
+                request: Request::QueryGid { port: 1, index: 5 }
+            }
+        );
+        assert_eq!(r.to_bytes(), b);
+        b[16] = 1; // reserved
+        assert!(matches!(
+            RequestRepr::parse(&b),
+            Err(AbiError::Reserved { .. })
+        ));
+    }
 
     #[test]
     fn create_qp_from_literal_bytes() {

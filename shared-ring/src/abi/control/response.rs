@@ -20,6 +20,11 @@ pub mod result {
     pub const PORT_MTU: usize = 16;
     pub const PORT_SPEED_MBPS: usize = 20;
     pub const PORT_GID: usize = 24;
+    /// `QueryGid`: the entry's GID, its type ([`super::GID_TYPE_ROCE_V2`] …) and the number
+    /// of entries of the table (the guest asks for indexes below it).
+    pub const GID: usize = 12;
+    pub const GID_TYPE: usize = 28;
+    pub const GID_COUNT: usize = 32;
     /// Ops returning one handle (`AllocPd`).
     pub const HANDLE: usize = 12;
     /// `Listen`: the listener and the port it is bound to (the kernel's choice for port 0).
@@ -67,6 +72,13 @@ pub mod result {
     pub const POLL_PRESENT: usize = 12;
     pub const POLL_CQE: usize = 16;
 }
+
+/// GID types (`QueryGid`), as ibverbs' `enum ibv_gid_type` numbers them.
+pub const GID_TYPE_IB: u32 = 0;
+pub const GID_TYPE_ROCE_V1: u32 = 1;
+pub const GID_TYPE_ROCE_V2: u32 = 2;
+/// Most GID table entries a backend reports (`QueryGid`'s count).
+pub const MAX_GIDS: u32 = 16;
 
 /// Device limits (`QueryDevice`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -196,6 +208,12 @@ pub enum Reply {
         doorbell_gref: u32,
     },
     Stats(ChannelStats),
+    /// `QueryGid`: one entry, its type (`GID_TYPE_*`), the table's length (≤ [`MAX_GIDS`]).
+    Gid {
+        gid: [u8; 16],
+        gid_type: u32,
+        count: u32,
+    },
     /// Mediated `PollCq`: the next CQE (body bytes, owner word 0), if any.
     Poll(Option<[u8; 32]>),
 }
@@ -251,6 +269,28 @@ impl ResponseRepr {
                         active_mtu: get_u32(b, result::PORT_MTU),
                         speed_mbps: get_u32(b, result::PORT_SPEED_MBPS),
                         gid,
+                    }
+                }
+                Op::QueryGid => {
+                    let gid_type = get_u32(b, result::GID_TYPE);
+                    if gid_type > GID_TYPE_ROCE_V2 {
+                        return Err(AbiError::Unknown {
+                            what: "GID type",
+                            value: gid_type,
+                        });
+                    }
+                    let count = get_u32(b, result::GID_COUNT);
+                    if count > MAX_GIDS {
+                        return Err(AbiError::OutOfRange {
+                            what: "GID table length",
+                            value: count.into(),
+                            max: MAX_GIDS.into(),
+                        });
+                    }
+                    Reply::Gid {
+                        gid: get_addr(b, result::GID),
+                        gid_type,
+                        count,
                     }
                 }
                 Op::AllocPd => Reply::Handle(get_u32(b, result::HANDLE)),
@@ -374,6 +414,18 @@ impl ResponseRepr {
                 set_u32(b, result::PORT_MTU, active_mtu);
                 set_u32(b, result::PORT_SPEED_MBPS, speed_mbps);
                 b[result::PORT_GID..result::PORT_GID + 16].copy_from_slice(&gid);
+            }
+            (
+                Op::QueryGid,
+                Reply::Gid {
+                    gid,
+                    gid_type,
+                    count,
+                },
+            ) => {
+                b[result::GID..result::GID + 16].copy_from_slice(&gid);
+                set_u32(b, result::GID_TYPE, gid_type);
+                set_u32(b, result::GID_COUNT, count);
             }
             (Op::AllocPd, Reply::Handle(h)) => set_u32(b, result::HANDLE, h),
             (Op::Listen, Reply::Listener { listener, port }) => {
@@ -504,6 +556,51 @@ mod tests {
                 field: "control response"
             })
         );
+    }
+
+    #[test]
+    fn query_gid_reply_from_literal_bytes() {
+        let mut b = [0u8; 64];
+        b[0] = 7; // req_id
+        b[4] = 27; // QueryGid
+        b[12..28].copy_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 77, 0, 1]);
+        b[28] = 2; // RoCE v2
+        b[32] = 3; // three entries
+        let r = ResponseRepr::parse(&b).unwrap();
+        assert_eq!(
+            r,
+            ResponseRepr {
+                req_id: 7,
+                op: Op::QueryGid,
+                status: Status::Ok,
+                reply: Reply::Gid {
+                    gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 77, 0, 1],
+                    gid_type: GID_TYPE_ROCE_V2,
+                    count: 3,
+                },
+            }
+        );
+        assert_eq!(r.to_bytes(), b);
+        let mut bad = b;
+        bad[28] = 3;
+        assert!(matches!(
+            ResponseRepr::parse(&bad),
+            Err(AbiError::Unknown {
+                what: "GID type",
+                ..
+            })
+        ));
+        let mut bad = b;
+        bad[32] = 17;
+        assert!(matches!(
+            ResponseRepr::parse(&bad),
+            Err(AbiError::OutOfRange { .. })
+        ));
+        b[36] = 1; // reserved
+        assert!(matches!(
+            ResponseRepr::parse(&b),
+            Err(AbiError::Reserved { .. })
+        ));
     }
 
     #[test]
