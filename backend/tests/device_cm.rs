@@ -323,17 +323,19 @@ fn a_request_the_guest_took_outlives_its_listener() {
     );
 }
 
-/// A channel keeps at most `max_kept_requests` taken requests of closed listeners (a guest
-/// that listens, takes and closes in a loop would keep each one, and its TCP connection
-/// when remote): beyond it, a closing listener's taken requests are rejected as untaken ones
-/// are, and the kept ones stay answerable. Before 2026-11-24 nothing bounded them.
+/// A domain keeps at most `max_kept_requests` taken requests of closed listeners, over all
+/// its channels (a guest that listens, takes and closes in a loop would keep each one, and
+/// its TCP connection when remote; a second channel gives it no more): beyond it, a closing
+/// listener's taken requests are rejected as untaken ones are, and the kept ones stay
+/// answerable; another domain has its own. Before 2026-11-24 nothing bounded them.
 #[test]
 fn a_channel_keeps_a_bounded_number_of_taken_requests() {
     let dev = device_with(A, |c| c.max_kept_requests = 2);
-    let mut s = end(&dev, 1);
-    let mut clients: Vec<End> = (0..4).map(|i| end(&dev, 2 + i)).collect();
+    // Rounds 0 and 1 on two channels of domain 1, round 2 on domain 9.
+    let mut servers = [end(&dev, 1), end(&dev, 1), end(&dev, 9)];
+    let mut clients: Vec<End> = (0..6).map(|i| end(&dev, 2 + i)).collect();
     let mut taken = Vec::new();
-    for round in 0..2 {
+    for (round, s) in servers.iter_mut().enumerate() {
         let (l, addr) = listen(&dev, &s.ch, A);
         for c in &mut clients[round * 2..round * 2 + 2] {
             dev.cm_connect(c.ch.id, c.qp.num, addr, b"").unwrap();
@@ -343,25 +345,28 @@ fn a_channel_keeps_a_bounded_number_of_taken_requests() {
         }
         dev.cm_close_listener(s.ch.id, l).unwrap();
     }
-    // The first listener's two are kept; the second's are over the bound: rejected.
-    for c in &mut clients[..2] {
-        no_event(&mut c.ch);
+    // The first listener's two are kept; the second's (same domain) are over the bound:
+    // rejected; the third's (another domain) are kept.
+    for i in [0, 1, 4, 5] {
+        no_event(&mut clients[i].ch);
     }
-    for c in &mut clients[2..] {
+    for c in &mut clients[2..4] {
         let ev = event(&mut c.ch);
         assert_eq!(
             (ev.kind, ev.handle),
             (EventKind::ConnectRejected, c.qp.num.0)
         );
     }
-    assert!(dev.cm_request_info(s.ch.id, taken[2]).is_err());
-    dev.cm_accept(s.ch.id, taken[0], s.qp.num, b"")
+    assert!(dev.cm_request_info(servers[1].ch.id, taken[2]).is_err());
+    dev.cm_accept(servers[0].ch.id, taken[0], servers[0].qp.num, b"")
         .expect("a kept request is answerable");
     let ev = event(&mut clients[0].ch);
     assert_eq!(
         (ev.kind, ev.handle),
         (EventKind::QpEstablished, clients[0].qp.num.0)
     );
+    dev.cm_request_info(servers[2].ch.id, taken[4])
+        .expect("another domain's kept request");
 }
 
 #[test]

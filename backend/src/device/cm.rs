@@ -51,10 +51,11 @@ pub struct CmConfig {
     /// timeout is twice it): a peer that died without a FIN or RST is noticed about
     /// `2 × peer_probe` later.
     pub peer_probe: Duration,
-    /// Connection requests a channel keeps after their listener closed (taken by the guest,
-    /// not answered yet). Closing a listener keeps its taken requests up to this, counting
-    /// those the channel keeps already; the rest are rejected as untaken ones are (the peer
-    /// gets a reject, the guest's later accept or reject of them fails: bad handle).
+    /// Connection requests a domain keeps after their listener closed (taken by the guest,
+    /// not answered yet), over all its channels. Closing a listener keeps its taken requests
+    /// up to this, counting those the domain keeps already; the rest are rejected as untaken
+    /// ones are (the peer gets a reject, the guest's later accept or reject of them fails:
+    /// bad handle).
     pub max_kept_requests: usize,
 }
 
@@ -168,6 +169,9 @@ struct Request {
     /// an rdma_cm program got survives `rdma_destroy_id` of the listening id, until it is
     /// accepted, rejected or withdrawn, or the channel closes.
     delivered: bool,
+    /// Its listener closed after the guest took it: counted against
+    /// [`CmConfig::max_kept_requests`] of the channel's domain.
+    kept: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -416,6 +420,7 @@ impl SoftDevice {
                     from: Origin::Local(qp),
                     info: rinfo,
                     delivered: false,
+                    kept: false,
                 },
             );
             if let Some(x) = t.cm.listeners.get_mut(&l) {
@@ -773,7 +778,7 @@ impl Inner {
 
     /// Closes a listener: its requests the guest has not taken are rejected (those it took
     /// stay until answered or the channel closes, up to [`CmConfig::max_kept_requests`] per
-    /// channel), its sockets closed by the thread (wait
+    /// domain), its sockets closed by the thread (wait
     /// for the answer with [`wait_closed`], without the table lock: the thread may need it).
     fn close_listener_locked(&self, t: &mut Tables, l: ListenerId) -> Option<Receiver<()>> {
         let x = t.cm.listeners.remove(&l)?;
@@ -785,29 +790,31 @@ impl Inner {
             cm.tcp.send(Cmd::CloseListener { id: l.0, done });
             closed
         });
-        // Kept already: the channel's taken requests whose listener is gone.
+        // Kept already by the channel's domain (all its channels: a guest cannot open
+        // channels to keep more).
+        let dom = t.channels.get(&x.ch).map(|c| c.ch.domid);
         let already =
             t.cm.requests
                 .values()
-                .filter(|r| {
-                    r.ch == x.ch
-                        && r.delivered
-                        && r.listener != l
-                        && !t.cm.listeners.contains_key(&r.listener)
-                })
+                .filter(|r| r.kept && t.channels.get(&r.ch).map(|c| c.ch.domid) == dom)
                 .count();
         let (taken, untaken): (Vec<ConnRequestId>, Vec<ConnRequestId>) = x
             .requests
             .iter()
             .partition(|req| t.cm.requests.get(req).is_some_and(|r| r.delivered));
         let max = self.cm.get().map_or(0, |cm| cm.config.max_kept_requests);
-        let (_, over) = kept_at_close(taken, already, max);
+        let (kept, over) = kept_at_close(taken, already, max);
+        for req in kept {
+            if let Some(r) = t.cm.requests.get_mut(&req) {
+                r.kept = true;
+            }
+        }
         if !over.is_empty() {
             tracing::info!(
                 ch = x.ch.0,
                 rejected = over.len(),
                 max,
-                "closing a listener: the channel keeps {max} taken requests at most"
+                "closing a listener: a domain keeps {max} taken requests at most"
             );
         }
         for req in untaken.into_iter().chain(over) {
@@ -903,6 +910,7 @@ impl Inner {
                         from: Origin::Remote(conn),
                         info,
                         delivered: false,
+                        kept: false,
                     },
                 );
                 if let Some(x) = t.cm.listeners.get_mut(&l) {

@@ -264,10 +264,6 @@ pub unsafe extern "C" fn vrdma_verbs_ibv_destroy_qp(p: *mut ibv_qp) -> c_int {
     })
 }
 
-/// The address vector of a move to RTR (`a`, `mask`; what is not in the mask from `cur`).
-/// The GID is the AV's global route's, or all zero without one (InfiniBand's LID; the
-/// software device's "this backend"); our own GID invented for a backend that publishes no
-/// address (see `device::gid_for`) is all zero too. `None`: an MTU ibverbs does not have.
 /// The backend's answer to a `Disconnect` of a QP that never connected.
 fn has_no_connection(e: &vrdma::Error) -> bool {
     matches!(
@@ -279,6 +275,10 @@ fn has_no_connection(e: &vrdma::Error) -> bool {
     )
 }
 
+/// The address vector of a move to RTR (`a`, `mask`; what is not in the mask from `cur`).
+/// The GID is the AV's global route's, or all zero without one (InfiniBand's LID; the
+/// software device's "this backend"); our own GID invented for a backend that publishes no
+/// address (see `device::gid_for`) is all zero too. `None`: an MTU ibverbs does not have.
 fn av_of(
     ctx: &Ctx,
     a: &ibv_qp_attr,
@@ -433,6 +433,14 @@ pub unsafe extern "C" fn vrdma_verbs_ibv_modify_qp(
                     }
                     r => r,
                 };
+                if let Err(e) = r {
+                    return fail("ibv_modify_qp(ERR)", &e);
+                }
+            } else if from == IBV_QPS_INIT {
+                // Nothing connected (a move to RTR refused at once stays in INIT: a peer not
+                // allowed, a bad address vector): the backend moves the QP to Error, and the
+                // receives posted in INIT flush.
+                let r = qp.vr.lock().unwrap_or_else(|e| e.into_inner()).set_error();
                 if let Err(e) = r {
                     return fail("ibv_modify_qp(ERR)", &e);
                 }

@@ -31,17 +31,47 @@ pub(crate) fn sendable(gids: &[PortGid]) -> Vec<PortGid> {
     }
 }
 
+/// The port's own GID among its [`sendable`] entries `gids` (what [`super::probe::port_av`]
+/// picks when no index is configured): an IPv4-mapped one first (RoCE v2 of the port's IPv4
+/// address, what rdma_cm and the backend's published `address` use), else a global IPv6
+/// one, else the first (the port's default link-local GID, which every RoCE port has at
+/// index 0 and which routes only on its own layer-2 segment).
+pub(crate) fn own_gid(gids: &[PortGid]) -> Option<&PortGid> {
+    gids.iter()
+        .find(|g| v4_mapped(&g.gid))
+        .or_else(|| gids.iter().find(|g| !link_local(&g.gid)))
+        .or_else(|| gids.first())
+}
+
 /// The GID table the guests see (`QueryGid`): the port's non-zero entries `table` with
 /// their types (ibverbs' numbering, which the control ABI shares; an unreadable type on
-/// RoCE is taken for v2), the port's own GID (`own`, the index [`super::probe::port_av`]
-/// picked: the backend's address) first so that the guest's GID 0 stays the backend's
-/// address, the others after it in the port's order; at most `MAX_GIDS`.
-pub(crate) fn guest_table(table: &[PortGid], own: Option<i32>) -> Vec<([u8; 16], u32)> {
+/// RoCE is taken for v2), led by the backend's published address (`address`, as the RoCE v2
+/// GID it is on this port) when the table holds it, else by the port's own GID (`own`, the
+/// index [`super::probe::port_av`] picked), so that the guest's GID 0 is the address the
+/// guest library and rdma_cm already use; the others after it in the port's order; at most
+/// `MAX_GIDS`.
+pub(crate) fn guest_table(
+    table: &[PortGid],
+    own: Option<i32>,
+    address: Option<std::net::IpAddr>,
+) -> Vec<([u8; 16], u32)> {
     let entry = |g: &PortGid| (g.gid, g.ty.unwrap_or(IBV_GID_TYPE_ROCE_V2));
+    let published = address.map(|a| match a {
+        std::net::IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+        std::net::IpAddr::V6(a) => a.octets(),
+    });
+    let first = published
+        .and_then(|p| {
+            sendable(table)
+                .into_iter()
+                .find(|g| g.gid == p)
+                .map(|g| g.index)
+        })
+        .or(own);
     table
         .iter()
-        .filter(|g| Some(g.index) == own)
-        .chain(table.iter().filter(|g| Some(g.index) != own))
+        .filter(|g| Some(g.index) == first)
+        .chain(table.iter().filter(|g| Some(g.index) != first))
         .map(entry)
         .take(shared_ring::abi::control::MAX_GIDS as usize)
         .collect()
@@ -235,7 +265,7 @@ mod tests {
             },
         ];
         assert_eq!(
-            guest_table(&table, Some(3)),
+            guest_table(&table, Some(3), None),
             vec![
                 (g("::ffff:10.77.0.1"), GID_TYPE_ROCE_V2),
                 (g("fe80::1"), GID_TYPE_ROCE_V1),
@@ -244,7 +274,37 @@ mod tests {
             ]
         );
         let big: Vec<PortGid> = (0..40).map(|i| v2(i, "fd00::1")).collect();
-        assert_eq!(guest_table(&big, None).len(), 16);
+        assert_eq!(guest_table(&big, None, None).len(), 16);
+    }
+
+    #[test]
+    fn the_port_s_own_gid_is_its_ipv4_address_not_the_default_link_local_one() {
+        // rxe0 on dummy0 with 10.77.0.1: index 0 is the default (link-local) GID, then the
+        // IPv4 address; mlx5 lists each twice, RoCE v1 and v2.
+        let rxe = [v2(0, "fe80::1"), v2(1, "::ffff:10.77.0.1")];
+        assert_eq!(own_gid(&rxe).map(|g| g.index), Some(1));
+        let global = [v2(0, "fe80::1"), v2(1, "fd00::7"), v2(2, "::ffff:10.0.0.1")];
+        assert_eq!(own_gid(&global).map(|g| g.index), Some(2));
+        assert_eq!(own_gid(&global[..2]).map(|g| g.index), Some(1));
+        assert_eq!(own_gid(&global[..1]).map(|g| g.index), Some(0));
+        assert_eq!(own_gid(&[]), None);
+    }
+
+    #[test]
+    fn the_guest_s_gid_0_is_the_backend_s_published_address() {
+        let table = [
+            v2(0, "fe80::1"),
+            v2(1, "fd00::7"),
+            v2(2, "::ffff:10.77.0.1"),
+        ];
+        let addr = |s: &str| Some(s.parse::<std::net::IpAddr>().unwrap());
+        let firsts = |a| guest_table(&table, Some(0), a)[0].0;
+        assert_eq!(firsts(addr("10.77.0.1")), g("::ffff:10.77.0.1"));
+        assert_eq!(firsts(addr("fd00::7")), g("fd00::7"));
+        // An address the port does not hold, or none: the port's own GID leads.
+        assert_eq!(firsts(addr("10.9.9.9")), g("fe80::1"));
+        assert_eq!(firsts(None), g("fe80::1"));
+        assert_eq!(guest_table(&table, Some(0), addr("10.77.0.1")).len(), 3);
     }
 
     #[test]

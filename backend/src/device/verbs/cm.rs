@@ -301,6 +301,11 @@ struct Request {
     peer_qpn: u32,
     /// The guest asked its `CmInfo` (took the request): it outlives its listener.
     delivered: bool,
+    /// The listener's domain (kept requests are bounded per domain).
+    domid: DomId,
+    /// Its listener closed after the guest took it: counted against the domain's
+    /// [`CmConfig::max_kept_requests`].
+    kept: bool,
 }
 
 struct QpConn {
@@ -343,8 +348,8 @@ impl CmState {
     /// caller rejects. The taken ones stay until the guest answers them or closes its
     /// channel, as rdma_cm keeps a request id handed to the program after its listening id
     /// is destroyed (protocol.md, "Connection management: control ops").
-    /// A channel keeps at most `max_kept` taken requests of closed listeners
-    /// ([`CmConfig::max_kept_requests`]); those over it are rejected too.
+    /// A domain keeps at most `max_kept` taken requests of closed listeners, over all its
+    /// channels ([`CmConfig::max_kept_requests`]); those over it are rejected too.
     fn close_listener(
         &mut self,
         l: ListenerId,
@@ -355,18 +360,18 @@ impl CmState {
         let already = self
             .requests
             .values()
-            .filter(|r| {
-                r.ch == x.ch
-                    && r.delivered
-                    && r.listener != l
-                    && !self.listeners.contains_key(&r.listener)
-            })
+            .filter(|r| r.kept && r.domid == x.domid)
             .count();
         let (taken, mut rejected): (Vec<ConnRequestId>, Vec<ConnRequestId>) = x
             .requests
             .iter()
             .partition(|r| self.requests.get(r).is_some_and(|r| r.delivered));
-        let (_, over) = crate::device::soft::cm::kept_at_close(taken, already, max_kept);
+        let (kept, over) = crate::device::soft::cm::kept_at_close(taken, already, max_kept);
+        for req in kept {
+            if let Some(r) = self.requests.get_mut(&req) {
+                r.kept = true;
+            }
+        }
         rejected.extend(over);
         Some((x, rejected))
     }
@@ -638,6 +643,7 @@ impl Shared {
             return self.destroy(id);
         }
         let ch = lst.ch;
+        let domid = lst.domid;
         let local = local.unwrap_or(lst.addr);
         let req = ConnRequestId(st.id());
         st.ids.insert(id.key(), Owner::Request(req));
@@ -659,6 +665,8 @@ impl Shared {
                 },
                 peer_qpn: e.qp_num,
                 delivered: false,
+                domid,
+                kept: false,
             },
         );
         if let Ok(c) = inner.chan(ch) {
@@ -1487,6 +1495,8 @@ mod tests {
                 },
                 peer_qpn: 0,
                 delivered: false,
+                domid: st.listeners.get(&l).map_or(DomId(0), |x| x.domid),
+                kept: false,
             },
         );
         req
@@ -1524,21 +1534,22 @@ mod tests {
         assert!(st.take_info(ch, taken).is_some(), "the taken request stays");
     }
 
-    /// A channel keeps at most `max_kept` taken requests of closed listeners.
+    /// A domain keeps at most `max_kept` taken requests of closed listeners, over all its
+    /// channels (a second channel of the domain does not get more; another domain does).
     #[test]
     fn a_channel_keeps_a_bounded_number_of_taken_requests() {
         let mut st = CmState::default();
-        let ch = ChannelId(1);
         let a: SocketAddr = "10.77.0.1:7".parse().unwrap();
         let mut rejected = Vec::new();
         let mut all = Vec::new();
-        for _ in 0..2 {
+        for (ch, domid) in [(1, 1), (2, 1), (3, 2)] {
+            let ch = ChannelId(ch);
             let l = ListenerId(st.id());
             st.listeners.insert(
                 l,
                 Listener {
                     ch,
-                    domid: DomId(1),
+                    domid: DomId(domid),
                     id: Id(NonNull::dangling()),
                     addr: a,
                     backlog: 8,
@@ -1554,7 +1565,7 @@ mod tests {
             out.sort_by_key(|r| r.0);
             rejected.push(out);
         }
-        assert_eq!(rejected, vec![vec![], vec![all[3]]]);
+        assert_eq!(rejected, vec![vec![], vec![all[3]], vec![]]);
     }
 
     #[test]

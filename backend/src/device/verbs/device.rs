@@ -92,7 +92,10 @@ fn hca_err(what: &'static str) -> impl Fn(VerbsError) -> DeviceError {
     move |e| {
         tracing::warn!("verbs device: {what}: {e}");
         match e.errno() {
-            Some(12) => DeviceError::NoResources(what),
+            Some(libc::ENOMEM) => DeviceError::NoResources(what),
+            // A device removed or dead (its uverbs fd disassociated): the guest sees the
+            // device lost, not a bad argument.
+            Some(libc::EIO | libc::ENODEV) => DeviceError::DeviceLost,
             _ => DeviceError::InvalidArgument(format!("{what}: {e}")),
         }
     }
@@ -389,7 +392,8 @@ impl Drop for VerbsDevice {
         if let Some(t) = self.async_thread.take() {
             let _ = t.join();
         }
-        drop(std::mem::take(&mut *lock(&self.inner.morgue)));
+        let morgue = std::mem::take(&mut *lock(&self.inner.morgue));
+        drop(morgue);
         // Everything the channels hold goes now (registrations before mappings, QPs before
         // CQs and PDs), not when the last Arc of `inner` happens to go.
         let chans: Vec<ChannelId> = lock(&self.inner.tables).channels.keys().copied().collect();
@@ -421,8 +425,10 @@ impl Inner {
         let mut events = Events::with_capacity(16);
         let mut idle_since = Instant::now();
         while !self.waker.stop.load(Ordering::SeqCst) {
-            // The async thread's QPs: destroyed here if the guest's are gone.
-            drop(std::mem::take(&mut *lock(&self.morgue)));
+            // The async thread's QPs: destroyed here if the guest's are gone (out of the
+            // lock: `ibv_destroy_qp` is not made under it).
+            let morgue = std::mem::take(&mut *lock(&self.morgue));
+            drop(morgue);
             let chans: Vec<Arc<VChan>> = lock(&self.tables).channels.values().cloned().collect();
             self.bury(&chans);
             self.poked.store(false, Ordering::SeqCst);
@@ -487,9 +493,11 @@ impl Inner {
     /// The async-event thread: waits (bounded, to see `stop`) for the non-blocking async fd,
     /// then reads every event there is ([`Context::next_async_event`] copies and
     /// acknowledges each before any lock is taken) and forwards it ([`Self::async_event`]).
-    /// When the fd or `ibv_get_async_event` fails (the device was removed or died: uverbs
+    /// When the fd reports an error or hang-up, or `ibv_get_async_event` fails with `EIO` or
+    /// `ENODEV` (the device was removed or died: a driver that can disassociate, mlx4/mlx5,
     /// then polls `EPOLLERR` and reads fail with `EIO`), the device is lost
-    /// ([`Self::device_lost`]) and the thread ends.
+    /// ([`Self::device_lost`]) and the thread ends; other failures are retried with a
+    /// growing pause.
     fn watch_async(self: Arc<Self>) {
         use rustix::event::{poll, PollFd, PollFlags, Timespec};
         // SAFETY: the context's async fd, open as long as the context (`self` holds it).
@@ -498,13 +506,25 @@ impl Inner {
             tv_sec: 0,
             tv_nsec: 200_000_000,
         };
+        // A transient failure (poll's ENOMEM, a read failing otherwise than the device's
+        // removal) is retried after a pause that doubles up to 1 s (the stop waits for at most
+        // that), logged each time.
+        let mut pause = Duration::from_millis(200);
+        let mut transient = |what: &str, e: &dyn std::fmt::Display| {
+            tracing::warn!("verbs device async events: {what}: {e}; again in {pause:?}");
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_secs(1));
+        };
         while !self.waker.stop.load(Ordering::SeqCst) {
             let mut fds = [PollFd::new(&fd, PollFlags::IN)];
             match poll(&mut fds, Some(&tick)) {
                 Ok(0) => continue,
                 Ok(_) => {}
                 Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => return self.device_lost(&format!("poll on the async fd: {e}")),
+                Err(e) => {
+                    transient("poll on the async fd", &e);
+                    continue;
+                }
             }
             let broken = fds[0]
                 .revents()
@@ -517,7 +537,13 @@ impl Inner {
                     }
                     Ok(None) => break,
                     Err(e) if e.errno() == Some(libc::EINTR) => continue,
-                    Err(e) => return self.device_lost(&e.to_string()),
+                    Err(e) if broken || matches!(e.errno(), Some(libc::EIO | libc::ENODEV)) => {
+                        return self.device_lost(&e.to_string())
+                    }
+                    Err(e) => {
+                        transient("ibv_get_async_event", &e);
+                        break;
+                    }
                 }
             }
         }
@@ -963,6 +989,10 @@ impl Device for VerbsDevice {
     }
 
     fn open_channel(&self, setup: ChannelSetup) -> DeviceResult<ChannelId> {
+        if self.inner.lost.load(Ordering::SeqCst) {
+            // A channel opened after the loss would never hear of it.
+            return Err(DeviceError::DeviceLost);
+        }
         let (doorbells, sleep, events) = init_channel_pages(&setup)?;
         let mut t = lock(&self.inner.tables);
         let id = ChannelId(t.id());
@@ -1520,6 +1550,7 @@ impl Device for VerbsDevice {
             Ok(pattr) => super::av::guest_table(
                 &inner.ctx.gid_table(inner.av.port, &pattr),
                 inner.av.gid_index,
+                self.cm_addrs().first().copied(),
             ),
             Err(e) => {
                 tracing::warn!("the GID table: {e}");

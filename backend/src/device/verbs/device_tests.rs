@@ -123,7 +123,11 @@ fn the_device_sends_from_roce_v2_gids() {
         ],
     );
     let dev = open(&lib);
-    assert_eq!(dev.inner.av.gid_index, Some(1), "the port's own GID");
+    assert_eq!(
+        dev.inner.av.gid_index,
+        Some(3),
+        "the port's own GID: its IPv4 address, the v2 entry"
+    );
     let av = dev
         .remote_av(&RemoteAv {
             gid: mapped(9),
@@ -137,7 +141,8 @@ fn the_device_sends_from_roce_v2_gids() {
     drop(dev);
 }
 
-/// The guests see the port's real GID table with types (`QueryGid`), its own GID first.
+/// The guests see the port's real GID table with types (`QueryGid`), its own GID (its IPv4
+/// address, not the default link-local GID at index 0) first.
 #[test]
 fn the_guests_see_the_port_s_gid_table() {
     let (_serial, lib) = fake::setup();
@@ -157,10 +162,12 @@ fn the_guests_see_the_port_s_gid_table() {
     assert_eq!(
         dev.gid_table(),
         vec![
-            (ll, IBV_GID_TYPE_ROCE_V2),
-            (mapped(1), IBV_GID_TYPE_ROCE_V2)
+            (mapped(1), IBV_GID_TYPE_ROCE_V2),
+            (ll, IBV_GID_TYPE_ROCE_V2)
         ],
-        "the first non-zero v2 GID is the port's own; zero entries are left out"
+        "the port's own GID (its IPv4 address, not the default link-local GID at index 0) \
+         leads; zero entries are left out"
     );
+    assert_eq!(dev.local_av().map(|a| a.gid), Some(mapped(1)));
     drop(dev);
 }

@@ -374,8 +374,9 @@ pub(crate) struct PortAv {
     pub mtu: u32,
 }
 
-/// The address of `port` of `ctx` (ACTIVE): its GID at `gid_index`, or the first non-zero
-/// RoCE v2 one on RoCE (the first non-zero one on a port without v2); its LID on InfiniBand.
+/// The address of `port` of `ctx` (ACTIVE): its GID at `gid_index`, or on RoCE the one
+/// [`super::av::own_gid`] picks among the sendable entries (RoCE v2: its IPv4 address before
+/// a global IPv6 one before the default link-local GID); its LID on InfiniBand.
 pub(crate) fn port_av(
     ctx: &Context,
     port: u8,
@@ -392,9 +393,10 @@ pub(crate) fn port_av(
     let gid_index = match gid_index {
         Some(i) => Some(i),
         None if pattr.link_layer == IBV_LINK_LAYER_ETHERNET => {
-            // The first RoCE v2 GID (v1 ones only on a port without v2).
+            // A RoCE v2 GID (v1 ones only on a port without v2): the port's IPv4 address
+            // before its default link-local GID.
             let table = super::av::sendable(&ctx.gid_table(port, &pattr));
-            Some(table.first().map(|g| g.index).ok_or_else(|| {
+            Some(super::av::own_gid(&table).map(|g| g.index).ok_or_else(|| {
                 VerbsError::Invalid(format!("{} port {port} has no GID", ctx.name()))
             })?)
         }

@@ -346,11 +346,14 @@ int main(void)
 		printf("move to ERR right after RTR, 20 times: ok\n");
 	}
 
-	/* a move to ERR after a refused RTR: the backend refuses the address vector (here a
-	 * destination QP number beyond 24 bits; a peer outside [cm] allowed-peers is refused the
-	 * same way, NotPermitted), so the QP has no connection to end; ERR still works, flushes
-	 * the posted receive, and the QP is destroyed as any other */
-	{
+	/* a move to ERR after a refused RTR: the backend refuses the address vector, so the QP
+	 * has no connection to end; ERR still works, flushes the posted receive, and the QP is
+	 * destroyed as any other. Case 0: a destination QP number beyond 24 bits on our own GID
+	 * (a pairing, refused in the background, the QP in RTR); case 1: another host's GID,
+	 * refused at once (the software device reaches no other host by address vector; a peer
+	 * outside [cm] allowed-peers is refused at once the same way, NotPermitted), the QP still
+	 * in INIT */
+	for (int kase = 0; kase < 2; kase++) {
 		struct ibv_mr *mr = ibv_reg_mr(pd, dst, 256, IBV_ACCESS_LOCAL_WRITE);
 		struct ibv_qp *qg = make_qp(IBV_QPT_RC);
 		if (!mr || !qg)
@@ -367,14 +370,23 @@ int main(void)
 		memset(&a, 0, sizeof a);
 		a.qp_state = IBV_QPS_RTR;
 		a.path_mtu = IBV_MTU_1024;
-		a.dest_qp_num = 0x1000000;
+		a.dest_qp_num = kase == 0 ? 0x1000000 : 0x99;
 		a.ah_attr.is_global = 1;
 		a.ah_attr.grh.dgid = gid;
+		if (kase == 1) {
+			/* ::ffff:192.0.2.1 (TEST-NET-1), not this backend */
+			memset(a.ah_attr.grh.dgid.raw, 0, 16);
+			a.ah_attr.grh.dgid.raw[10] = a.ah_attr.grh.dgid.raw[11] = 0xff;
+			a.ah_attr.grh.dgid.raw[12] = 192;
+			a.ah_attr.grh.dgid.raw[14] = 2;
+			a.ah_attr.grh.dgid.raw[15] = 1;
+		}
 		a.ah_attr.port_num = 1;
-		/* Refused at once or (a pairing, answered in the background) later: either way. */
 		int rtr = ibv_modify_qp(qg, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
 					IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
 					IBV_QP_MIN_RNR_TIMER);
+		if (kase == 1 && rtr == 0)
+			FAIL("an RTR to another host's GID was not refused at once");
 		memset(&a, 0, sizeof a);
 		a.qp_state = IBV_QPS_ERR;
 		int rc = ibv_modify_qp(qg, &a, IBV_QP_STATE);
@@ -395,10 +407,12 @@ int main(void)
 			}
 		}
 		if (!flushed)
-			FAIL("the receive was not flushed by the move to ERR after a refused RTR");
+			FAIL("the receive was not flushed by the move to ERR after a refused RTR "
+			     "(case %d)", kase);
 		if (ibv_destroy_qp(qg) || ibv_dereg_mr(mr))
 			FAIL("refused-RTR QP teardown");
-		printf("move to ERR after a refused RTR: ok\n");
+		printf("move to ERR after a refused RTR (%s): ok\n",
+		       kase == 0 ? "in the background" : "at once");
 	}
 
 	/* dereg revokes the rkey at once; the program keeps its bytes */

@@ -270,16 +270,16 @@ pub enum Request {
     },
     /// The channel's CM page (allocated and granted on the first call).
     CmPage,
-    /// Connect `qp` by address vector, as `ibv_modify_qp` to RTR (and with `rts` on to RTS)
-    /// does: the peer is QP `remote_qpn` at port `gid` (or `lid`), its first send PSN is
-    /// `rq_psn`, this QP's is `sq_psn` (with `rts`; else 0). Devices with address vectors
-    /// (the verbs device) answer at once; the software device pairs with a QP of the same
-    /// backend at RTR (as `Connect`: answered when connected) and takes the RTS as done.
     /// Entry `index` of port `port`'s GID table.
     QueryGid {
         port: u32,
         index: u32,
     },
+    /// Connect `qp` by address vector, as `ibv_modify_qp` to RTR (and with `rts` on to RTS)
+    /// does: the peer is QP `remote_qpn` at port `gid` (or `lid`), its first send PSN is
+    /// `rq_psn`, this QP's is `sq_psn` (with `rts`; else 0). Devices with address vectors
+    /// (the verbs device) answer at once; the software device pairs with a QP of the same
+    /// backend at RTR (as `Connect`: answered when connected) and takes the RTS as done.
     ConnectAv {
         qp: u32,
         remote_qpn: u32,
