@@ -166,11 +166,19 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
             let mine = &qps[r.clone()];
             let mut budget = per_channel;
             let mut worked = false;
-            for k in 0..mine.len() {
+            // From QP `pass % n` on, round the list; one division per channel and pass (none
+            // for a lone QP), not one per QP: it is on the path from a post to its execution.
+            let n = mine.len();
+            let mut i = if n > 1 { pass % n } else { 0 };
+            for _ in 0..n {
                 if budget == 0 {
                     break;
                 }
-                worked |= exec::process_qp(&ctx, &mine[(pass + k) % mine.len()], &mut budget);
+                worked |= exec::process_qp(&ctx, &mine[i], &mut budget);
+                i += 1;
+                if i == n {
+                    i = 0;
+                }
             }
             working += usize::from(worked);
             did |= worked;

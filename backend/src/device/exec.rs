@@ -217,9 +217,9 @@ fn run_sq_locked(ctx: &Ctx<'_>, qp: &Arc<Qp>, s: &mut SendSide, budget: &mut usi
                         Ok(w) if w.opcode != WqeOpcode::Recv => w,
                         _ => {
                             s.sq.release();
-                            qp.ch.stats.op(0);
+                            qp.ch.stats.op_by_engine(0);
                             qp.ch.stats.error();
-                            qp.counters.send(false, 0);
+                            qp.counters.send_locked(false, 0);
                             let c = cqe(qp, wr_id_of(&raw), CqeOpcode::Send, CqeStatus::BadWqe, 0);
                             let kept = qp.send_cq.complete(&c, true);
                             qp.fail((!kept).then_some(EventKind::QpFatal));
@@ -252,11 +252,13 @@ fn run_sq_locked(ctx: &Ctx<'_>, qp: &Arc<Qp>, s: &mut SendSide, budget: &mut usi
                 did = true;
                 let ok = status == CqeStatus::Success;
                 *budget = budget.saturating_sub(if ok { len as usize } else { 0 });
-                qp.ch.stats.op(if ok { len } else { 0 });
+                // The engine serving the QP's channel, under the send lock: the counters
+                // without locked instructions (stats.rs).
+                qp.ch.stats.op_by_engine(if ok { len } else { 0 });
                 if !ok {
                     qp.ch.stats.error();
                 }
-                qp.counters.send(ok, len);
+                qp.counters.send_locked(ok, len);
                 if !ok || qp.sig_all || wqe.flags & flags::SIGNALED != 0 {
                     let c = cqe(qp, wqe.wr_id, cqe_opcode(wqe.opcode), status, len);
                     if !qp.send_cq.complete(&c, false) {
