@@ -62,3 +62,34 @@ lab_collect_consoles() {
     [ -d /mnt/lab/out ] && cp /var/log/xen/console/guest-*.log /mnt/lab/out/ 2>/dev/null
     return 0
 }
+
+# lab_bridge: a bridge from dom0 to the domUs over netback/netfront (the perf and rxe
+# scenarios): insmods llc, stp, bridge and xen-netback from the share (/mnt/lab/bin; run-all.sh
+# and run-perf.sh take them from the image's kernel), makes xenbr0 with dom0 at 10.0.0.1/24
+# (an address inside the lab only), writes the vif hotplug script and adds the vif to the
+# domUs' config template, so every domU started afterwards gets an eth0 on the bridge.
+# Returns 1 (having said why) when a step fails.
+lab_bridge() {
+    for m in llc stp bridge xen-netback; do
+        [ -d "/sys/module/$(echo $m | tr - _)" ] && continue    # loaded already
+        insmod "/mnt/lab/bin/$m.ko" || { lab_log "lab_bridge: insmod $m FAILED"; return 1; }
+    done
+    brctl addbr xenbr0 && ifconfig xenbr0 10.0.0.1 netmask 255.255.255.0 up ||
+        { lab_log "lab_bridge: xenbr0 FAILED"; return 1; }
+    # libxl runs a vif's hotplug script with $vif and $XENBUS_PATH: the vif joins the bridge,
+    # and hotplug-status must say connected or the domain's vif hangs.
+    cat > /run/lab/vif-lab <<'HOTPLUG'
+#!/bin/sh
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu:/lib/x86_64-linux-gnu
+case "$1" in
+online|add)
+    ifconfig "$vif" up
+    brctl addif xenbr0 "$vif"
+    xenstore-write "$XENBUS_PATH/hotplug-status" connected ;;
+esac
+exit 0
+HOTPLUG
+    chmod +x /run/lab/vif-lab
+    # lab_start_domU builds each domU's config from this template (in dom0's RAM).
+    echo "vif = [ 'bridge=xenbr0,script=/run/lab/vif-lab' ]" >> /lab/domU.cfg.in
+}

@@ -14,26 +14,8 @@ BIN=/mnt/lab/bin
 N=100; NB=32
 lab_log "perf: $N round trips, $NB messages per bandwidth size; dom0 vCPUs $(grep -c ^processor /proc/cpuinfo)"
 
-for m in llc stp bridge xen-netback; do
-    insmod "$BIN/$m.ko" || { lab_log "insmod $m FAILED"; exit 1; }
-done
-brctl addbr xenbr0 && ifconfig xenbr0 10.0.0.1 netmask 255.255.255.0 up || { lab_log "bridge FAILED"; exit 1; }
-# libxl runs a vif's hotplug script with $vif and $XENBUS_PATH: the vif joins the bridge, and
-# hotplug-status must say connected or the domain's vif hangs.
-cat > /run/lab/vif-lab <<'HOTPLUG'
-#!/bin/sh
-export PATH=/usr/sbin:/usr/bin:/sbin:/bin LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu:/lib/x86_64-linux-gnu
-case "$1" in
-online|add)
-    ifconfig "$vif" up
-    brctl addif xenbr0 "$vif"
-    xenstore-write "$XENBUS_PATH/hotplug-status" connected ;;
-esac
-exit 0
-HOTPLUG
-chmod +x /run/lab/vif-lab
-# lab_start_domU builds each domU's config from this template (in dom0's RAM): add the vif.
-echo "vif = [ 'bridge=xenbr0,script=/run/lab/vif-lab' ]" >> /lab/domU.cfg.in
+# The bridge to the domUs (lab-lib.sh): dom0 10.0.0.1 on xenbr0, each domU's vif on it.
+lab_bridge || exit 1
 
 # The backend with a given engine spin-before-sleep (µs); restarted with SIGKILL between
 # configurations (no channel is open then; a new backend takes the devices over).

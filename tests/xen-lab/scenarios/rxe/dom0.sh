@@ -16,21 +16,7 @@ lab_log "rxe0: $($R/rdma link show | tr '\n' ' ')"
 # dom0 is 10.0.0.1 on xenbr0, labU1 10.0.0.11, labU2 10.0.0.12 (lab-internal addresses).
 NET=0
 if [ -f /mnt/lab/bin/xen-netback.ko ]; then
-    for m in llc stp bridge xen-netback; do insmod "/mnt/lab/bin/$m.ko" 2>/dev/null; done
-    if brctl addbr xenbr0 && ifconfig xenbr0 10.0.0.1 netmask 255.255.255.0 up; then
-        cat > /run/lab/vif-lab <<'HOTPLUG'
-#!/bin/sh
-export PATH=/usr/sbin:/usr/bin:/sbin:/bin LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu:/lib/x86_64-linux-gnu
-case "$1" in
-online|add)
-    ifconfig "$vif" up
-    brctl addif xenbr0 "$vif"
-    xenstore-write "$XENBUS_PATH/hotplug-status" connected ;;
-esac
-exit 0
-HOTPLUG
-        chmod +x /run/lab/vif-lab
-        echo "vif = [ 'bridge=xenbr0,script=/run/lab/vif-lab' ]" >> /lab/domU.cfg.in
+    if lab_bridge; then
         NET=1
     else
         lab_log "the bridge to the domUs FAILED"
@@ -58,7 +44,8 @@ VD=$!
 # labU1 is domain 1 (the first domU): it may reach $ADDR only, and listen on 7175 and
 # perftest's 18515 only ([cm] policy; the guest-to-guest rounds pair QPs by number, no CM).
 printf '[cm.domain.1]\nallowed-peers = ["%s/32"]\nallowed-ports = [7175, 18515]\n' $ADDR > /run/lab/backend.toml
-RUST_LOG=info vrdma-backend --device verbs:rxe0 --config /run/lab/backend.toml > /run/lab/backend.log 2>&1 &
+BLOG=/run/lab/backend.log
+RUST_LOG=info vrdma-backend --device verbs:rxe0 --config /run/lab/backend.toml > $BLOG 2>&1 &
 BACKEND=$!
 lab_start_domU labU1 320 || exit 1
 lab_start_domU labU2 320 || exit 1
@@ -124,7 +111,8 @@ zero_copy_dom() {
 
 # 0. labU1 against stock rdma-core tools on rxe0 in dom0 (unmodified, /usr/lib/lab-rdma):
 # dom0 writes a command line to /lab/steps/labU1/N and N to /lab/steps/labU1/cur; labU1 runs
-# it and answers data/done = "N RC PINGS". labU2 is told "end" at once and goes to round 1.
+# it and answers data/done = "N RC PINGS". labU2 waits in the same loop, without a channel,
+# until dom0 tells it "end" after these steps (the backend is restarted meanwhile).
 put() { xenstore-write "$1" "$2" && lab_share_readable "$1" "$D1" "$D2"; }
 STEP=0
 vstep() { STEP=$((STEP+1)); put "/lab/steps/labU1/$STEP" "$*"; put /lab/steps/labU1/cur "$STEP"; }
@@ -146,7 +134,6 @@ listening() {
         sleep 0.2
     done
 }
-put /lab/steps/labU2/cur end
 # The [cm] policy from the guest: a peer outside allowed-peers and a port outside
 # allowed-ports are refused (NotPermitted); the step succeeds iff the tool failed saying so.
 vstep "vrdma-rping -c -a 10.77.0.9 -p 7174 -C 1 -t 20 2>&1 | tee /tmp/p.out; grep -q 'allowed-peers' /tmp/p.out && ! grep -q 'ping data' /tmp/p.out"
@@ -231,7 +218,7 @@ pt_guest_server() { # TOOL: labU1 the server (a listener of the backend), the cl
         t0=$(lab_up)
         vstep timeout 100 vrdma-exec -- $tool -R -F -n $n -p 18515
         listening 18515
-        LD_PRELOAD=$R/connect-delay.so timeout 100 $R/$tool -R -F -d rxe0 -n $n -p 18515 $ADDR > /run/lab/pt-c.log 2>&1; c=$?
+        LAB_CONNECT_DELAY_MS=5000 LD_PRELOAD=$R/connect-delay.so timeout 100 $R/$tool -R -F -d rxe0 -n $n -p 18515 $ADDR > /run/lab/pt-c.log 2>&1; c=$?
         vwait
         grow=$(xenstore-read "/local/domain/$D1/data/row" | sed -n "s/^$STEP //p")
         [ "$grow" = none ] && grow=
@@ -247,12 +234,139 @@ pt_guest_server() { # TOOL: labU1 the server (a listener of the backend), the cl
 ratio() {
     g=$(figure $2 "$3"); nv=$(figure $2 "$4")
     # Both ends printed inf (perftest's clock sampling): no ratio (awk would read inf as 0).
-    case "$g $nv" in *inf*|*nan*|" "*|*" ") lab_log "RATIO $1: no figure (guest '$g', native '$nv')"; return ;; esac
+    # A figure of 0 (write_bw when the guest's clock sampling failed) is none either.
+    if ! usable $2 "$3" || ! usable $2 "$4"; then lab_log "RATIO $1: no figure (guest '$g', native '$nv': perftest's clock sampling failed)"; return; fi
     case $2 in
         *_bw) target=">= 0.9"; ok=$(awk "BEGIN { print ($g / $nv >= 0.9) ? \"met\" : \"missed\" }") ;;
         *) target="<= 1.2"; ok=$(awk "BEGIN { print ($g / $nv <= 1.2) ? \"met\" : \"missed\" }") ;;
     esac
     lab_log "RATIO $1: guest $g / native $nv = $(awk "BEGIN { printf \"%.2f\", $g / $nv }") (target $target: $ok)"
+}
+# backend_restart CONFIG LOG [CPUMASK]: the backend killed (SIGKILL, as in step 3; no channel
+# is open: labU1 is between steps, labU2 has opened none yet) and started again with CONFIG,
+# its threads on dom0's CPUs CPUMASK (taskset) when given; the new one takes the devices over.
+backend_restart() {
+    kill -9 "$BACKEND"; wait "$BACKEND" 2>/dev/null
+    if [ -n "$3" ]; then
+        RUST_LOG=info taskset "$3" vrdma-backend --device verbs:rxe0 --config "$1" > "$2" 2>&1 &
+    else
+        RUST_LOG=info vrdma-backend --device verbs:rxe0 --config "$1" > "$2" 2>&1 &
+    fi
+    BACKEND=$!; BLOG=$2
+    i=0
+    until grep -q 'watching' "$2" 2>/dev/null; do
+        i=$((i+1)); [ $i -gt 300 ] && { lab_log "vrdma-backend ($1) did not start"; fail=1; return 1; }
+        sleep 0.2
+    done
+    sleep 2
+    lab_log "vrdma-backend restarted (pid $BACKEND, $1, CPUs ${3:-any}): $(grep 'verbs device open' "$2" | head -n1 | cut -c1-60)"
+}
+# guest_done: labU1 finished the current step.
+guest_done() { case $(xenstore-read "/local/domain/$D1/data/done" 2>/dev/null) in "$STEP "*) return 0 ;; esac; return 1; }
+# The isolated configuration (ratio_isolated, below): NI iterations of each tool, and the
+# dom0 server of a pair, on dom0's CPU 0 with the spinning end (dom0's client, or the relay):
+# ib_send_lat's sleeps on CQ events (-e; its wake-up preempts the spinner inside dom0's
+# kernel, no Xen hand-off), ib_write_bw's (which has no -e: "Events feature not available on
+# WRITE verb") polls only for the final exchange, at nice 19 (~1.5% of the CPU beside a
+# nice-0 spinner).
+NI=200
+isrv() { # TOOL PORT LOG: starts the isolated pair's dom0 server; sets sp
+    case $1 in
+        ib_send_lat) taskset 1 timeout $TO $R/$1 -R -F -e -d rxe0 -n $NI -p $2 > $3 2>&1 & ;;
+        *) sh -c "renice -n 19 -p \$\$ > /dev/null; exec taskset 1 timeout $TO $R/$1 -R -F -d rxe0 -n $NI -p $2" > $3 2>&1 & ;;
+    esac
+    sp=$!
+}
+# usable TOOL ROW: the row has a positive, finite figure (perftest's clock sampling fails
+# now and then under TCG, more in a domU: "Correlation coefficient r^2 < 0.9", then inf
+# latencies and 0.00 MB/s).
+usable() { awk -v f="$(figure $1 "$2")" 'BEGIN { exit !(f ~ /^[0-9.]+$/ && f + 0 > 0) }'; }
+# pti_native TOOL: both ends in dom0 on CPU 0 (isrv; the client busy-polls, perftest's
+# default); sets NROW. A pair whose ends exit 0 passes; it is run again (3 tries in all) while
+# neither end printed a usable figure (perftest's clock sampling; then RATIO says "no figure").
+pti_native() {
+    tool=$1; NROW=; ok=0
+    for try in 1 2 3; do
+        isrv $tool 18516 /run/lab/pti-ns.log
+        listening 18516
+        LD_PRELOAD=$R/connect-delay.so taskset 1 timeout 120 $R/$tool -R -F -d rxe0 -n $NI -p 18516 $ADDR > /run/lab/pti-nc.log 2>&1; c=$?
+        wait $sp; sr=$?
+        NROW=$(finite "$(row /run/lab/pti-ns.log)" "$(row /run/lab/pti-nc.log)")
+        if [ $c = 0 ] && [ $sr = 0 ] && [ -n "$NROW" ]; then
+            ok=1
+            usable $tool "$NROW" && break
+            lab_log "isolated: native $tool try $try: no usable figure (row '$NROW': perftest's clock sampling); again"
+        else
+            lab_log "isolated: native $tool try $try: client rc=$c, server rc=$sr, row '$NROW'; again"
+            tail -n 3 /run/lab/pti-nc.log /run/lab/pti-ns.log | sed 's/^/  /'
+        fi
+    done
+    lab_log "isolated: native $tool (dom0 <-> dom0 on rxe0, -n $NI): server row '$(row /run/lab/pti-ns.log)', client row '$(row /run/lab/pti-nc.log)'"
+    [ $ok = 1 ] || fail=1
+}
+# pti_guest TOOL: the server in dom0 as in pti_native, labU1 the client; sets GROW; passes and
+# is tried again as pti_native. While the pair runs dom0 does not poll XenStore (an exec costs
+# 0.1-0.3 s of dom0's CPU under TCG): it waits for its server, looking at labU1's answer every
+# 10 s only.
+pti_guest() {
+    tool=$1; GROW=; ok=0
+    for try in 1 2 3; do
+        t0=$(lab_up)
+        isrv $tool 18515 /run/lab/pti-s.log
+        listening 18515
+        vstep vrdma-exec -- $tool -R -F -n $NI -p 18515 $ADDR
+        i=0; gd=
+        while kill -0 $sp 2>/dev/null; do
+            sleep 1; i=$((i+1))
+            [ $((i % 10)) = 0 ] || continue
+            [ -z "$gd" ] && guest_done && gd=$i
+            # A client that ended without its report leaves the server waiting: 30 s.
+            [ -n "$gd" ] && [ $((i - gd)) -ge 30 ] && { kill $sp; break; }
+        done
+        wait $sp; sr=$?
+        vwait
+        GROW=$(xenstore-read "/local/domain/$D1/data/row" | sed -n "s/^$STEP //p")
+        [ "$GROW" = none ] && GROW=
+        srow=$(row /run/lab/pti-s.log)
+        lab_log "isolated: $tool -R (rxe0) rc=$sr row '$srow'; vrdma-exec -- $tool -R -c (labU1) rc=$VRC row '$GROW' ($(awk "BEGIN { print $(lab_up) - $t0 }") s)"
+        GROW=$(finite "$srow" "$GROW")
+        if [ $sr = 0 ] && [ "$VRC" = 0 ] && [ -n "$GROW" ] && [ -n "$srow" ]; then
+            ok=1
+            usable $tool "$GROW" && return 0
+            lab_log "isolated: guest $tool try $try: no usable figure (perftest's clock sampling); again"
+        else
+            tail -n 4 /run/lab/pti-s.log | sed 's/^/  server: /'
+        fi
+    done
+    [ $ok = 1 ] || fail=1
+}
+# The ratios again with the relay's scheduling taken out as far as 2 emulated CPUs allow: the
+# backend restarted with spin-before-sleep-us = 10 s (its relay thread polls the guests' rings
+# and the HCA CQs without sleeping while a test runs: no kick, no wake-up) and its threads on
+# dom0's CPU 0; dom0's two vCPUs pinned to physical CPU 0, labU1's alone on physical CPU 1,
+# labU2 paused. Spinning threads: native, the dom0 client (pCPU0); guest, labU1's client
+# (pCPU1) and the relay (pCPU0); the dom0 server beside the spinner on CPU 0 (isrv). What
+# differs between the two pairs is the relay (guest ring -> HCA QP -> guest CQ) and the
+# crossing between the two physical CPUs.
+ratio_isolated() {
+    { echo "spin-before-sleep-us = 10000000"; cat /run/lab/backend.toml; } > /run/lab/backend-spin.toml
+    backend_restart /run/lab/backend-spin.toml /run/lab/backend-spin.log 1 || return
+    xl pause labU2
+    xl vcpu-pin 0 all 0; xl vcpu-pin labU1 0 1
+    lab_log "isolated: placement $(xl vcpu-list | tail -n +2 | awk '{printf "%s/v%s@p%s(%s) ", $1, $3, $4, $7}')"
+    # The relay spins for 10 s after its start: the native pairs come after that (it sleeps
+    # then: no channel is open), the guest's after them.
+    sleep 10
+    for tool in ib_send_lat ib_write_bw; do pti_native $tool; eval "N_$tool=\"\$NROW\""; done
+    for tool in ib_send_lat ib_write_bw; do
+        pti_guest $tool
+        eval "nv=\"\$N_$tool\""
+        ratio "isolated: $tool, relay spinning (labU1 client <-> dom0 server ÷ dom0 client <-> dom0 server)" $tool "$GROW" "$nv"
+    done
+    zero_copy_dom "in the isolated ratio runs (the restarted backend's counters)" "$D1"
+    xl vcpu-pin 0 all all; xl vcpu-pin labU1 0 all
+    xl unpause labU2
+    backend_restart /run/lab/backend.toml /run/lab/backend-dflt.log
 }
 # Address-vector connects (no rdma_cm): Debian's ibv_rc_pingpong in labU1 (through vrdma-exec)
 # against ibv_rc_pingpong on rxe0 in dom0, both unmodified, each buffer checked by the tool's
@@ -359,25 +473,24 @@ case " $tools " in
             pt_guest_client $tool
             eval "G_$tool=\"\$GROW\""
         done
-        # The guest as perftest server: off by default. Debian's perftest 4.5-0.17 crashes in
-        # dom0 (SIGSEGV in librdmacm) when its second connect comes before the guest listens
-        # again (fixed upstream, perftest 3d9d8d0; docs/verbs.md): a clean-clone CI run lost
-        # ib_send_lat and ib_read_lat to it. GUEST_SERVER=1 here turns the steps on.
-        if [ "${GUEST_SERVER:-0}" = 1 ]; then
-            for tool in ib_send_lat ib_write_bw ib_read_lat; do pt_guest_server $tool; done
-        else
-            lab_log "guest-as-perftest-server steps: off (GUEST_SERVER=1 in scenarios/rxe/dom0.sh)"
-        fi
+        # The guest as perftest server, dom0's stock client (connect-delay.so preloaded).
+        for tool in ib_send_lat ib_write_bw ib_read_lat; do pt_guest_server $tool; done
+        # The ratios in the default configuration (relay spin-before-sleep 200 µs, every vCPU
+        # floating, labU2 running its own polling loop).
         for tool in ib_send_lat ib_write_bw; do
             pt_native $tool
             eval "g=\"\$G_$tool\""
-            [ -n "$g" ] && [ -n "$NROW" ] && ratio "$tool (labU1 client <-> dom0 server ÷ dom0 client <-> dom0 server)" $tool "$g" "$NROW"
+            [ -n "$g" ] && [ -n "$NROW" ] && ratio "default: $tool (labU1 client <-> dom0 server ÷ dom0 client <-> dom0 server)" $tool "$g" "$NROW"
         done
+        zero_copy_dom "after the stock-tool steps" "$D1"
+        ratio_isolated
         ;;
     *) lab_log "labU1's image has no stock verbs tools (rping, perftest) or no vrdma-exec: the guest-side stock-tool steps did NOT run"; fail=1 ;;
 esac
 put /lab/steps/labU1/cur end
-zero_copy_dom "after the stock-tool steps" "$D1"
+# labU2 opens its first channel only now (its round 1): no channel of it was open when the
+# backend was restarted for the isolated ratios.
+put /lab/steps/labU2/cur end
 
 # 1. Guest to guest through rxe0, bypass then mediated: READ, WRITE, SEND, data verified.
 for mode in bypass mediated; do
@@ -466,7 +579,7 @@ for n in labU1 labU2; do
         lab_log "$n did not see device lost: hung"; fail=1
     fi
 done
-echo "---- the killed backend's log ----"; tail -n 20 /run/lab/backend.log
+echo "---- the killed backend's log ----"; tail -n 20 $BLOG
 RUST_LOG=info vrdma-backend --device verbs:rxe0 --config /run/lab/backend.toml > /run/lab/backend2.log 2>&1 &
 BACKEND=$!
 xenstore-write /lab/restarted 1
@@ -509,7 +622,7 @@ done
 zero_copy "after the restart (the new backend's counters)"
 lab_log "the new backend's pinned pages: $(grep -E 'VmPin' /proc/$BACKEND/status | tr -s ' \t' ' ')"
 echo "---- the restarted backend's log ----"; tail -n 30 /run/lab/backend2.log
-cp /run/lab/backend.log /run/lab/backend2.log /mnt/lab/out/ 2>/dev/null
+cp /run/lab/backend*.log /mnt/lab/out/ 2>/dev/null
 if [ $fail != 0 ]; then
     echo "---- dmesg ----"; dmesg | tail -n 40
 fi
@@ -532,5 +645,5 @@ kill "$BACKEND"
 wait "$BACKEND" || { lab_log "vrdma-backend exited with an error"; fail=1; }
 lab_log "vrdma-backend stopped (SIGTERM) in $(awk "BEGIN { print $(lab_up) - $t0 }") s"
 lab_log "after the backend's stop: $(res_line)"
-grep -q -i "panic" /run/lab/backend.log /run/lab/backend2.log && { lab_log "backend panicked"; fail=1; }
+grep -q -i "panic" /run/lab/backend*.log && { lab_log "backend panicked"; fail=1; }
 exit $fail

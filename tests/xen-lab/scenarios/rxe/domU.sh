@@ -252,7 +252,7 @@ steps() {
         i=0
         while :; do
             s=$(xenstore-read /lab/steps/$NAME/cur 2>/dev/null) && [ "$s" != "$last" ] && break
-            i=$((i+1)); [ $i -gt 3000 ] && { echo "$NAME: dom0 sent no step for 10 min"; return 1; }
+            i=$((i+1)); [ $i -gt 9000 ] && { echo "$NAME: dom0 sent no step for 30 min"; return 1; }
             sleep 0.2
         done
         [ "$s" = end ] && return $src
