@@ -144,6 +144,14 @@ vstep "vrdma-rping -s -a $ADDR -p 7176 -C 1 -t 20 2>&1 | tee /tmp/p.out; grep -q
 vwait
 lab_log "policy-port: vrdma-rping -s on port 7176 (not an allowed port of labU1): step rc=$VRC (0 = refused by policy)"
 [ "$VRC" = 0 ] || fail=1
+# The guest sees rxe0's real GID table (QueryGid): Debian's ibv_devinfo -v through vrdma-exec
+# lists as many GIDs as rxe0 has non-zero ones, GID 0 the backend's address ::ffff:10.77.0.1
+# (not rxe0's index 0, the default link-local GID), a link-local one after it, RoCE v2.
+NGIDS=$(cat /sys/class/infiniband/rxe0/ports/1/gids/* 2>/dev/null | grep -vc '^0000:0000:0000:0000:0000:0000:0000:0000$')
+vstep "vrdma-exec -- ibv_devinfo -v > /tmp/d.out 2>&1; r=\$?; grep -F -e 'GID[' -e hca_id /tmp/d.out; [ \$r = 0 ] && [ \$(grep -cF 'GID[' /tmp/d.out) = $NGIDS ] && grep -F 'GID[  0]' /tmp/d.out | grep -qF '::ffff:10.77.0.1, RoCE v2' && grep -F 'GID[' /tmp/d.out | grep -qF 'fe80:'"
+vwait
+lab_log "guest-gids: vrdma-exec -- ibv_devinfo -v (labU1): step rc=$VRC (0 = $NGIDS GIDs as rxe0 has, GID 0 ::ffff:10.77.0.1 RoCE v2, a link-local one after it); rxe0: $(cat /sys/class/infiniband/rxe0/ports/1/gids/* 2>/dev/null | grep -v '^0000:0000:0000:0000:0000:0000:0000:0000$' | tr '\n' ' ')"
+[ "$VRC" = 0 ] || fail=1
 # perftest over rdma_cm (-R), unmodified, SEND, WRITE and READ: the servers in dom0 with the
 # guest (Debian's tool through `vrdma-exec`, libvrdma_verbs.so preloaded) as client, then the
 # guest as server and dom0's tool as client. The same send_lat and write_bw also run natively,
