@@ -43,12 +43,12 @@ use super::relay::{self, KeyEntry, KeyMap, Pending, Queue};
 use super::{CompChannel, Context, VerbsError, VerbsLib};
 use crate::device::objects::{lock, Doorbells};
 use crate::device::soft::{check_log2, init_channel_pages, inval, queue, take_slot_of};
-use crate::device::stats::{ChanStats, Counters, Held};
+use crate::device::stats::{ChanStats, Counters, Held, QpCounters};
 use crate::device::waker::EngineWaker;
 use crate::device::{
     default_attrs, ChannelId, ChannelMode, ChannelSetup, CqId, CqSetup, Device, DeviceError,
     DeviceResult, DeviceStats, DomId, EngineConfig, LocalAv, MrHandle, MrKeys, MrSetup, Notifier,
-    PdId, QpNum, QpSetup, RemoteAv, WorkQueue,
+    PdId, QpNum, QpSetup, QpStats, RemoteAv, WorkQueue,
 };
 
 #[path = "cm.rs"]
@@ -169,6 +169,8 @@ struct VQp {
     sq: Mutex<WqRelay>,
     rq: Mutex<WqRelay>,
     slots: (u32, u32),
+    /// Its completions as the relay passed them on (`domain_qp_stats`; flushes not counted).
+    counters: QpCounters,
 }
 
 #[derive(Default)]
@@ -182,6 +184,7 @@ struct Res {
 
 struct VChan {
     id: ChannelId,
+    domid: DomId,
     mode: ChannelMode,
     doorbells: Mutex<Doorbells>,
     sleep: Mutex<EngineSleep>,
@@ -731,9 +734,22 @@ impl Inner {
     }
 }
 
+/// Counts a completion of `q` in its counters (a flush is not an operation): a receive's
+/// (RECV, or RECV consumed by a WRITE with immediate) as consumed, any other as a send WQE
+/// executed; the bytes are the HCA's `byte_len`, as the channel's counters.
+fn count(q: &QpCounters, cqe: &CqeRepr) {
+    let ok = cqe.status == CqeStatus::Success;
+    match (cqe.status, cqe.opcode) {
+        (CqeStatus::WrFlushError, _) => {}
+        (_, CqeOpcode::Recv | CqeOpcode::RecvRdmaWithImm) => q.recv(ok, u64::from(cqe.byte_len)),
+        _ => q.send(ok, u64::from(cqe.byte_len)),
+    }
+}
+
 /// Writes a CQE to a guest CQ and notifies if it is armed. A full or broken CQ drops it, sends
 /// `CqOverrun` once and puts the QP in Error.
 fn write_cqe(c: &VChan, cq: &VCq, q: &VQp, cqe: &CqeRepr) {
+    count(&q.counters, cqe);
     let mut w = lock(&cq.writer);
     if w.1 {
         c.stats.error();
@@ -976,6 +992,7 @@ fn drain_cq(c: &VChan, cq: &Arc<VCq>, qps: &[Arc<VQp>]) -> bool {
                 }
             } else if !p.signaled {
                 c.stats.op(u64::from(wc.byte_len));
+                count(&q.counters, &cqe);
                 continue;
             }
             write_cqe(c, cq, q, &cqe);
@@ -1006,6 +1023,7 @@ impl Device for VerbsDevice {
             id,
             Arc::new(VChan {
                 id,
+                domid: setup.domid,
                 mode: setup.mode,
                 doorbells: Mutex::new(doorbells),
                 sleep: Mutex::new(sleep),
@@ -1378,6 +1396,7 @@ impl Device for VerbsDevice {
             rq: wq(rq, cap.max_recv_wr.min(rq_n as u32)),
             slots: (s.sq_slot, s.rq_slot),
             hca,
+            counters: QpCounters::default(),
         });
         send_cq.users.fetch_add(1, Ordering::SeqCst);
         recv_cq.users.fetch_add(1, Ordering::SeqCst);
@@ -1717,6 +1736,29 @@ impl Device for VerbsDevice {
             .unwrap_or_default()
     }
 
+    /// The channel's QPs, by QP number, with what the relay passed on.
+    fn qp_stats(&self, ch: ChannelId) -> Vec<QpStats> {
+        let chans: Vec<Arc<VChan>> = lock(&self.inner.tables)
+            .channels
+            .get(&ch)
+            .filter(|c| !c.closed.load(Ordering::Relaxed))
+            .cloned()
+            .into_iter()
+            .collect();
+        qp_stats_of(&chans)
+    }
+
+    /// The domain's QPs on open channels, by QP number, with what the relay passed on.
+    fn domain_qp_stats(&self, domid: DomId) -> Vec<QpStats> {
+        let chans: Vec<Arc<VChan>> = lock(&self.inner.tables)
+            .channels
+            .values()
+            .filter(|c| c.domid == domid && !c.closed.load(Ordering::Relaxed))
+            .cloned()
+            .collect();
+        qp_stats_of(&chans)
+    }
+
     fn domain_stats(&self, domid: DomId) -> DeviceStats {
         lock(&self.inner.tables)
             .domains
@@ -1726,6 +1768,24 @@ impl Device for VerbsDevice {
     }
 
     cm::cm_methods!();
+}
+
+/// The counters of the QPs of `chans`, by QP number (the tables' lock not held: each
+/// channel's resources are locked in turn, and no QP reference leaves the lock, so a QP the
+/// guest destroys meanwhile is never destroyed on the caller's thread).
+fn qp_stats_of(chans: &[Arc<VChan>]) -> Vec<QpStats> {
+    let mut out: Vec<QpStats> = chans
+        .iter()
+        .flat_map(|c| {
+            lock(&c.res)
+                .qps
+                .values()
+                .map(|q| q.counters.snapshot(q.num, *lock(&q.state)))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    out.sort_unstable_by_key(|s| s.qp.0);
+    out
 }
 
 /// A random 24-bit packet sequence number (std's per-instance random hash keys, seeded from
@@ -1748,6 +1808,39 @@ mod fake_tests;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The per-QP counters (`vrdmactl stats`' qp rows) count what the relay passes on: a
+    /// send WQE's completion, a receive's as consumed, an error as an error; a flush is no
+    /// operation.
+    #[test]
+    fn a_qp_s_counters_count_its_completions_but_not_flushes() {
+        let cqe = |status, opcode, byte_len| CqeRepr {
+            wr_id: 1,
+            status,
+            opcode,
+            byte_len,
+            imm_data: 0,
+            qp_num: 7,
+            vendor_err: 0,
+            flags: 0,
+        };
+        let q = QpCounters::default();
+        count(&q, &cqe(CqeStatus::Success, CqeOpcode::RdmaWrite, 4096));
+        count(&q, &cqe(CqeStatus::Success, CqeOpcode::Recv, 64));
+        count(&q, &cqe(CqeStatus::Success, CqeOpcode::RecvRdmaWithImm, 0));
+        count(
+            &q,
+            &cqe(CqeStatus::RemoteAccessError, CqeOpcode::RdmaRead, 0),
+        );
+        count(&q, &cqe(CqeStatus::WrFlushError, CqeOpcode::Send, 0));
+        count(&q, &cqe(CqeStatus::WrFlushError, CqeOpcode::Recv, 0));
+        let s = q.snapshot(QpNum(7), QpState::Error);
+        assert_eq!(
+            (s.ops, s.bytes, s.errors, s.recvs),
+            (4, 4096 + 64, 1, 2),
+            "{s:?}"
+        );
+    }
 
     #[test]
     fn attrs_are_the_hcas_bounded_by_the_soft_defaults_and_the_wqe_format() {

@@ -519,6 +519,22 @@ mr0=$(res_count mr); pd0=$(res_count pd); qp0=$(res_count qp)
 lab_log "labU1 WRITE-looping into labU2 (labU2's QP $VQP): $(res_line)"
 $R/rdma resource show qp lqpn "$VQP" | grep -q "lqpn $VQP" ||
     { lab_log "labU2's QP $VQP not in rdma resource show qp"; fail=1; }
+# labU1's per-QP counters (what the relay passed on; vrdmactl stats' qp rows, published every
+# 2 s): its looping QP has done work. qp_ops: the most ops of one of labU1's QPs.
+qp_ops() {
+    vrdmactl stats "$D1" | awk '$1 == "qp" { q = 1; for (i = 2; i <= NF; i++) if ($i == "ops") c = i; next }
+        q && $1 !~ /^[0-9]+$/ { q = 0 }
+        q && c && $c + 0 > m { m = $c + 0 }
+        END { print m + 0 }'
+}
+i=0
+until [ "$(qp_ops)" -gt 0 ]; do
+    i=$((i+1)); [ $i -gt 100 ] && break
+    sleep 0.2
+done
+QOPS=$(qp_ops)
+lab_log "labU1's per-QP counters during the WRITE loop (vrdmactl stats, qp rows): most ops of a QP $QOPS"
+[ "$QOPS" -gt 0 ] || { vrdmactl stats "$D1" | sed 's/^/  stats: /'; fail=1; }
 relay labU1 labU2 vrdma-looping || fail=1
 wait_key labU2 vrdma-killed 300 || fail=1
 i=0
