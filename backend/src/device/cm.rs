@@ -78,9 +78,9 @@ impl Default for CmConfig {
     }
 }
 
-/// Which taken requests of a closing listener a channel keeps: `taken` (the listener's
-/// requests the guest took) in handle order, while the channel keeps fewer than `max`
-/// (`already` before this close). The others are rejected.
+/// Which taken requests of a closing listener its domain keeps: `taken` (the listener's
+/// requests the guest took) in handle order, while the domain keeps fewer than `max`
+/// (`already` before this close, over all its channels). The others are rejected.
 pub(crate) fn kept_at_close(
     mut taken: Vec<ConnRequestId>,
     already: usize,

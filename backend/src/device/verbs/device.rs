@@ -93,9 +93,9 @@ fn hca_err(what: &'static str) -> impl Fn(VerbsError) -> DeviceError {
         tracing::warn!("verbs device: {what}: {e}");
         match e.errno() {
             Some(libc::ENOMEM) => DeviceError::NoResources(what),
-            // A device removed or dead (its uverbs fd disassociated): the guest sees the
-            // device lost, not a bad argument.
-            Some(libc::EIO | libc::ENODEV) => DeviceError::DeviceLost,
+            // Not EIO as `DeviceLost`: the guest library then gives up the whole channel, and
+            // a driver fails one command with EIO (mlx5's firmware INT_ERR) on a live device.
+            // The loss itself comes from the async fd (`Inner::device_lost`).
             _ => DeviceError::InvalidArgument(format!("{what}: {e}")),
         }
     }
@@ -512,20 +512,30 @@ impl Inner {
         // A transient failure (poll's ENOMEM, a read failing otherwise than the device's
         // removal) is retried after a pause that doubles up to 1 s (the stop waits for at most
         // that), logged each time.
-        let mut pause = Duration::from_millis(200);
-        let mut transient = |what: &str, e: &dyn std::fmt::Display| {
+        const FIRST_PAUSE: Duration = Duration::from_millis(200);
+        let mut pause = FIRST_PAUSE;
+        let stop = &self.waker.stop;
+        let transient = |what: &str, e: &dyn std::fmt::Display, pause: &mut Duration| {
             tracing::warn!("verbs device async events: {what}: {e}; again in {pause:?}");
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_secs(1));
+            // In slices, so that the device's stop does not wait for the pause.
+            let until = Instant::now() + *pause;
+            while Instant::now() < until && !stop.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            *pause = (*pause * 2).min(Duration::from_secs(1));
         };
         while !self.waker.stop.load(Ordering::SeqCst) {
             let mut fds = [PollFd::new(&fd, PollFlags::IN)];
             match poll(&mut fds, Some(&tick)) {
-                Ok(0) => continue,
+                Ok(0) => {
+                    // A quiet tick: whatever failed before works again.
+                    pause = FIRST_PAUSE;
+                    continue;
+                }
                 Ok(_) => {}
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(e) => {
-                    transient("poll on the async fd", &e);
+                    transient("poll on the async fd", &e, &mut pause);
                     continue;
                 }
             }
@@ -534,7 +544,10 @@ impl Inner {
                 .intersects(PollFlags::ERR | PollFlags::HUP | PollFlags::NVAL);
             loop {
                 match self.ctx.next_async_event() {
-                    Ok(Some(ev)) => self.async_event(&ev),
+                    Ok(Some(ev)) => {
+                        pause = FIRST_PAUSE;
+                        self.async_event(&ev);
+                    }
                     Ok(None) if broken => {
                         return self.device_lost("the async fd reports an error and no event")
                     }
@@ -544,7 +557,7 @@ impl Inner {
                         return self.device_lost(&e.to_string())
                     }
                     Err(e) => {
-                        transient("ibv_get_async_event", &e);
+                        transient("ibv_get_async_event", &e, &mut pause);
                         break;
                     }
                 }
@@ -736,7 +749,8 @@ impl Inner {
 
 /// Counts a completion of `q` in its counters (a flush is not an operation): a receive's
 /// (RECV, or RECV consumed by a WRITE with immediate) as consumed, any other as a send WQE
-/// executed; the bytes are the HCA's `byte_len`, as the channel's counters.
+/// executed; the bytes are the CQE's (a receive's as the HCA reports it, a send-side WQE's
+/// payload: `relay::cqe_of`), as the channel's counters.
 fn count(q: &QpCounters, cqe: &CqeRepr) {
     let ok = cqe.status == CqeStatus::Success;
     match (cqe.status, cqe.opcode) {
@@ -749,10 +763,15 @@ fn count(q: &QpCounters, cqe: &CqeRepr) {
 /// Writes a CQE to a guest CQ and notifies if it is armed. A full or broken CQ drops it, sends
 /// `CqOverrun` once and puts the QP in Error.
 fn write_cqe(c: &VChan, cq: &VCq, q: &VQp, cqe: &CqeRepr) {
-    count(&q.counters, cqe);
+    // A completion the guest's CQ cannot take is an error of the QP, as of the channel.
+    let dropped = CqeRepr {
+        status: CqeStatus::GeneralError,
+        ..*cqe
+    };
     let mut w = lock(&cq.writer);
     if w.1 {
         c.stats.error();
+        count(&q.counters, &dropped);
         return;
     }
     if let Err(e) = w.0.write_repr(cqe) {
@@ -760,6 +779,7 @@ fn write_cqe(c: &VChan, cq: &VCq, q: &VQp, cqe: &CqeRepr) {
         w.1 = true;
         drop(w);
         c.stats.error();
+        count(&q.counters, &dropped);
         c.post(&EventRepr {
             kind: EventKind::CqOverrun,
             handle: 0,
@@ -768,6 +788,7 @@ fn write_cqe(c: &VChan, cq: &VCq, q: &VQp, cqe: &CqeRepr) {
         fail_qp(c, q, true);
         return;
     }
+    count(&q.counters, cqe);
     if cqe.status == CqeStatus::Success {
         c.stats.op(u64::from(cqe.byte_len));
     } else if cqe.status != CqeStatus::WrFlushError {
@@ -926,6 +947,7 @@ fn relay_queue(c: &VChan, q: &VQp, which: Queue) -> bool {
                     signaled: which == Queue::Rq
                         || q.sig_all
                         || w.flags & shared_ring::abi::wqe::flags::SIGNALED != 0,
+                    len: w.data.total_len(),
                 });
             }
             Err((_, e)) => {
@@ -991,7 +1013,7 @@ fn drain_cq(c: &VChan, cq: &Arc<VCq>, qps: &[Arc<VQp>]) -> bool {
                     *lock(&q.state) = QpState::Error;
                 }
             } else if !p.signaled {
-                c.stats.op(u64::from(wc.byte_len));
+                c.stats.op(u64::from(cqe.byte_len));
                 count(&q.counters, &cqe);
                 continue;
             }
@@ -1012,6 +1034,11 @@ impl Device for VerbsDevice {
         }
         let (doorbells, sleep, events) = init_channel_pages(&setup)?;
         let mut t = lock(&self.inner.tables);
+        if self.inner.lost.load(Ordering::SeqCst) {
+            // Again under the lock `device_lost` snapshots the channels under: a channel
+            // inserted after that snapshot must see the flag.
+            return Err(DeviceError::DeviceLost);
+        }
         let id = ChannelId(t.id());
         let dom = t.domains.entry(setup.domid).or_default().clone();
         let stats = ChanStats {

@@ -80,6 +80,21 @@ fn a_lost_device_is_reported_once_and_the_async_thread_ends() {
     assert_eq!(device_lost(&a.take_events()), 1);
     assert_eq!(device_lost(&b.take_events()), 1);
     assert_eq!(dev.qp_state(a.id, qp.num).unwrap(), QpState::Error);
+    // A channel opened after the loss would never hear of it: refused.
+    let doorbell = shared_ring::SharedRegion::alloc(shared_ring::PAGE_SIZE).unwrap();
+    let events = shared_ring::SharedRegion::alloc(shared_ring::event_ring::EVENT_RING_LEN).unwrap();
+    let late = dev.open_channel(crate::device::ChannelSetup {
+        domid: crate::device::DomId(3),
+        doorbell,
+        event_ring: events,
+        notifier: std::sync::Arc::new(|| {}),
+        mode: ChannelMode::Bypass,
+        kick_source: None,
+    });
+    assert!(
+        matches!(late, Err(crate::device::DeviceError::DeviceLost)),
+        "a channel opened after the loss: {late:?}"
+    );
     drop(dev);
 }
 

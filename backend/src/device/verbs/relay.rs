@@ -128,6 +128,9 @@ pub(crate) struct Pending {
     /// Whether a successful completion reaches the guest (unsignaled sends do not; the HCA
     /// request is always signaled so the relay knows when the slot is free).
     pub signaled: bool,
+    /// The WQE's payload length (its SGEs' or inline bytes): a send-side completion's byte
+    /// count (mlx4/mlx5 leave `ibv_wc::byte_len` unset for SEND and RDMA WRITE).
+    pub len: u64,
 }
 
 /// Translates the SGEs of `data` for QP PD `pd`; `write` says the device writes them (RECV,
@@ -267,7 +270,12 @@ pub(crate) fn cqe_of(wc: &ibv_wc, p: &Pending, qp_num: u32) -> CqeRepr {
         wr_id: p.wr_id,
         status,
         opcode,
-        byte_len: if ok { wc.byte_len } else { 0 },
+        // A receive's length is the HCA's (what arrived); a send-side WQE moved its payload.
+        byte_len: match (ok, opcode) {
+            (false, _) => 0,
+            (true, CqeOpcode::Recv | CqeOpcode::RecvRdmaWithImm) => wc.byte_len,
+            (true, _) => u32::try_from(p.len).unwrap_or(u32::MAX),
+        },
         imm_data: if with_imm {
             u32::from_be(wc.imm_data)
         } else {
@@ -517,6 +525,7 @@ mod tests {
             wr_id: 0xdead_beef,
             opcode: CqeOpcode::Recv,
             signaled: true,
+            len: 4096,
         };
         let wc = ibv_wc {
             wr_id: hca_wr_id(Queue::Rq, 4),
@@ -554,5 +563,34 @@ mod tests {
         assert_eq!(c.vendor_err, (IBV_WC_FATAL_ERR << 24) | 0x42);
         // CQEs round-trip through the ring format.
         assert_eq!(CqeRepr::from_bytes(&c.to_bytes()).unwrap(), c);
+    }
+
+    /// A send-side completion counts the WQE's payload: mlx4/mlx5 leave `byte_len` unset
+    /// for SEND and RDMA WRITE (here 0, or an earlier RECV's value in a reused `ibv_wc`).
+    #[test]
+    fn a_send_side_completion_s_length_is_the_wqe_s_payload() {
+        for (opcode, ibv) in [
+            (CqeOpcode::Send, IBV_WC_SEND),
+            (CqeOpcode::RdmaWrite, IBV_WC_RDMA_WRITE),
+            (CqeOpcode::RdmaRead, IBV_WC_RDMA_READ),
+        ] {
+            let p = Pending {
+                seq: 1,
+                wr_id: 9,
+                opcode,
+                signaled: true,
+                len: 65_536,
+            };
+            for stale in [0, 512] {
+                let wc = ibv_wc {
+                    wr_id: hca_wr_id(Queue::Sq, 1),
+                    status: IBV_WC_SUCCESS,
+                    opcode: ibv,
+                    byte_len: stale,
+                    ..Default::default()
+                };
+                assert_eq!(cqe_of(&wc, &p, 3).byte_len, 65_536, "{opcode:?}");
+            }
+        }
     }
 }
