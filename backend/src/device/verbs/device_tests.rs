@@ -119,15 +119,21 @@ fn mapped(last: u8) -> [u8; 16] {
     g
 }
 
+/// `fe80::1`: the default link-local GID a RoCE port has at index 0.
+fn link_local() -> [u8; 16] {
+    let mut g = [0u8; 16];
+    g[0] = 0xfe;
+    g[1] = 0x80;
+    g[15] = 1;
+    g
+}
+
 /// mlx4/mlx5 list each address as RoCE v1 then v2: the device's own GID and the source GID
 /// of an address vector are the v2 entries.
 #[test]
 fn the_device_sends_from_roce_v2_gids() {
     let (_serial, lib) = fake::setup();
-    let mut ll = [0u8; 16];
-    ll[0] = 0xfe;
-    ll[1] = 0x80;
-    ll[15] = 1;
+    let ll = link_local();
     fake::set_gids(
         IBV_LINK_LAYER_ETHERNET,
         &[
@@ -161,10 +167,7 @@ fn the_device_sends_from_roce_v2_gids() {
 #[test]
 fn the_guests_see_the_port_s_gid_table() {
     let (_serial, lib) = fake::setup();
-    let mut ll = [0u8; 16];
-    ll[0] = 0xfe;
-    ll[1] = 0x80;
-    ll[15] = 1;
+    let ll = link_local();
     fake::set_gids(
         IBV_LINK_LAYER_ETHERNET,
         &[
