@@ -141,3 +141,84 @@ fn the_configured_peer_probe_sets_the_streams_keepalive_and_user_timeout() {
         Some(probe * 2)
     );
 }
+
+/// FPDUs follow the MSS the socket reports when a long message starts, not only the one it
+/// reported at attach. On loopback Linux bounds the MSS right after the handshake by half
+/// the peer's largest window so far (32 741 of 65 483 here) and raises it once the peer's
+/// window grows; the old code cut every FPDU of the connection to the first value (twice
+/// the FPDUs, headers and reads per byte, the whole connection long). A WRITE of 4 MiB
+/// lets the window grow, a second WRITE must then fill FPDUs to the larger MSS (and never
+/// beyond it). Seen failing on the old code: "write 1: FPDUs not cut to the MSS of now
+/// (65483; 32741 at attach)".
+#[test]
+fn fpdus_grow_with_the_sockets_mss_after_attach() {
+    const LEN: usize = 4 << 20;
+    let dev = SoftDevice::new(EngineConfig::default()).expect("device");
+    let mut ch = TestChannel::open(&dev, 1, ChannelMode::Bypass);
+    let mut cq = ch.cq(&dev, 8);
+    let mut q = ch.qp(&dev, &cq, &cq, 4);
+    let m = ch.mr(&dev, LEN as u64, access::ALL);
+    m.fill(0, &[0x5a; 4096]);
+    let l = TcpListener::bind("127.0.0.1:0").expect("listen");
+    let client =
+        TcpStream::connect_timeout(&l.local_addr().expect("addr"), IO_TIMEOUT).expect("connect");
+    let (mut server, _) = l.accept().expect("accept");
+    server.set_read_timeout(Some(IO_TIMEOUT)).expect("timeout");
+    let seen = client.try_clone().expect("dup");
+    let mss_at_attach = socket2::SockRef::from(&seen).tcp_mss().expect("MSS") as usize;
+    dev.attach_stream(ch.id, q.num, est(client, Role::Initiator))
+        .expect("attach");
+
+    // The peer's side, read raw: the FPDU lengths of the RTR and `writes` WRITEs of LEN.
+    let read_fpdus = |server: &mut TcpStream, writes: usize| -> Vec<usize> {
+        use std::io::Read;
+        let (mut got, mut lens) = (0usize, Vec::new());
+        let want = if writes == 0 { 0 } else { LEN * writes };
+        while got < want || lens.is_empty() {
+            let mut len = [0u8; 2];
+            server.read_exact(&mut len).expect("MPA length");
+            let ulpdu = usize::from(u16::from_be_bytes(len));
+            let fpdu = iwarp_proto::fpdu::fpdu_len(ulpdu);
+            let mut rest = vec![0u8; fpdu - 2];
+            server.read_exact(&mut rest).expect("FPDU");
+            // Tagged DDP header of a WRITE: 14 bytes; the payload follows.
+            got += ulpdu - iwarp_proto::ddp::TAGGED_HEADER_LEN;
+            lens.push(fpdu);
+        }
+        lens
+    };
+    let rtr = read_fpdus(&mut server, 0);
+    assert_eq!(rtr.len(), 1, "the RTR first");
+    for (i, want_id) in [(0, 1u64), (1, 2)] {
+        q.post_send(
+            &dev,
+            &wqe(
+                WqeOpcode::RdmaWrite,
+                want_id,
+                &[m.sge(0, LEN as u32)],
+                (0x1000, 7),
+                0,
+            ),
+        );
+        let lens = read_fpdus(&mut server, 1);
+        let c = cq.wait(&dev);
+        assert_eq!((c.wr_id, c.status), (want_id, CqeStatus::Success));
+        let mss = socket2::SockRef::from(&seen).tcp_mss().expect("MSS") as usize;
+        let largest = *lens.iter().max().expect("FPDUs");
+        assert!(
+            largest <= mss,
+            "write {i}: an FPDU of {largest} over the MSS {mss}"
+        );
+        if i == 1 {
+            assert!(
+                mss > mss_at_attach,
+                "the loopback MSS did not grow ({mss_at_attach} → {mss}): nothing to test"
+            );
+            assert_eq!(
+                largest,
+                iwarp_proto::fpdu::fpdu_len(iwarp_proto::fpdu::mulpdu(mss)),
+                "write {i}: FPDUs not cut to the MSS of now ({mss}; {mss_at_attach} at attach)"
+            );
+        }
+    }
+}

@@ -422,6 +422,7 @@ fn fill(ctx: &Ctx<'_>, qp: &Arc<Qp>, c: &mut Conn) -> bool {
                 to: rd.to,
             };
             let src = Src::Segs([rd.src, None]);
+            c.refresh_mulpdu(rd.len as usize);
             let m = TxMsg::new(c, Opcode::ReadResponse, dest, src, rd.len as usize, None);
             c.tx.cur = Some(m);
             continue;
@@ -519,6 +520,7 @@ fn next_wqe(ctx: &Ctx<'_>, qp: &Arc<Qp>, c: &mut Conn) -> bool {
         }
     };
     c.set_len(seq, len as u64);
+    c.refresh_mulpdu(len);
     if len > u32::MAX as usize && w.opcode != WqeOpcode::RdmaWrite {
         // DDP's MO and the Read Request's size are 32 bits: a longer SEND or READ has no
         // encoding (two SGEs of up to 4 GiB each can add up to more).
