@@ -123,9 +123,9 @@ impl<const N: usize> Producer<N> {
         self.prod_pvt = idx.wrapping_add(1);
         Ok(idx)
     }
-    /// [`Self::write`] of a slot given as its `W = N / 4` words (word `i` = bytes `4 i .. 4 i
-    /// + 4` in native order): the same stores in the same order, without a slot-sized byte
-    /// buffer (the frontend's post path builds the WQE in registers).
+    /// [`Self::write`] of a slot given as its `W = N / 4` words (word `i` holds bytes
+    /// `4 i .. 4 i + 4` in native order): the same stores in the same order, without a
+    /// slot-sized byte buffer (the frontend's post path builds the WQE in registers).
     #[inline]
     pub fn write_words<const W: usize>(&mut self, words: &[u32; W]) -> Result<u32, QueueError> {
         const { assert!(W * 4 == N, "a slot's words") };
