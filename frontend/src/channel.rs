@@ -14,7 +14,9 @@ use shared_ring::abi::xenstore::{
 };
 use shared_ring::doorbell::DoorbellPage;
 use shared_ring::queue::Consumer;
-use shared_ring::{event_ring, ControlFrontRing, SharedRegion, PAGE_SIZE, PROTOCOL_VERSION};
+use shared_ring::{
+    event_ring, ControlFrontRing, SharedRegion, SharedWord, PAGE_SIZE, PROTOCOL_VERSION,
+};
 use xen_platform::{Access, DomId, Platform, UnmapNotify};
 use xenstore_proto::client::{XenbusStore, XenbusStoreExt};
 
@@ -58,12 +60,11 @@ fn fresh_nonce() -> String {
     format!("{:x}.{now:x}.{n:x}", std::process::id())
 }
 
-/// Whether the backend's alive byte of a control-ring page is set.
-fn backend_alive(ring_page: &SharedRegion) -> bool {
-    ring_page
-        .load_u32(BACKEND_ALIVE_BYTE, Ordering::Acquire)
-        .map(|w| w.to_le_bytes()[0] != 0)
-        .unwrap_or(false)
+/// Whether the backend's alive byte is set, given the control-ring page's word that holds it
+/// (at [`BACKEND_ALIVE_BYTE`], resolved once: one load, no bounds check per call).
+#[inline]
+fn backend_alive(alive: &SharedWord) -> bool {
+    alive.load(Ordering::Acquire).to_le_bytes()[0] != 0
 }
 
 /// What the caller asked of the channel.
@@ -109,6 +110,11 @@ pub(crate) struct Channel {
     // unmap-notify) and the backend's event-ring page.
     _ring_page: SharedRegion,
     _event_page: SharedRegion,
+    // The words an empty bypass poll reads, resolved (bounds- and alignment-checked) once:
+    // the backend's alive word in the control ring, the event ring's two indexes.
+    alive: SharedWord,
+    event_prod: SharedWord,
+    event_cons: SharedWord,
 }
 
 fn parse_u32(path: &str, v: &str) -> Result<u32> {
@@ -400,9 +406,9 @@ impl Channel {
 
         // The backend set its alive byte before it answered Connected; from here on a
         // cleared byte means it went away.
-        let ring_region = ring_page.region.clone();
+        let alive = ring_page.region.word(BACKEND_ALIVE_BYTE)?;
         let backend_check = || {
-            if backend_alive(&ring_region) {
+            if backend_alive(&alive) {
                 Ok(())
             } else {
                 Err(Error::DeviceLost(
@@ -445,6 +451,8 @@ impl Channel {
         }
         let event_page = crate::shm::map(&platform, backend, &[event_gref], Access::ReadWrite)?;
         let events = event_ring::consumer(&event_page)?;
+        let event_prod = event_page.word(event_ring::field::PROD)?;
+        let event_cons = event_page.word(event_ring::field::CONS)?;
         tracing::info!(
             channel = index,
             backend = backend.0,
@@ -473,6 +481,9 @@ impl Channel {
             close_timeout: cfg.close_timeout,
             _ring_page: ring_page.region,
             _event_page: event_page,
+            alive,
+            event_prod,
+            event_cons,
         })
     }
 
@@ -502,15 +513,22 @@ impl Channel {
     #[inline]
     pub(crate) fn check_lost(&self) -> Result<()> {
         if self.lost.load(Ordering::Relaxed) {
-            let why = self
-                .lost_reason
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone()
-                .unwrap_or_default();
-            return Err(Error::DeviceLost(why));
+            return Err(self.lost_error());
         }
         Ok(())
+    }
+
+    /// The error of a lost channel (out of the data path's line: one load when alive).
+    #[cold]
+    #[inline(never)]
+    fn lost_error(&self) -> Error {
+        let why = self
+            .lost_reason
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .unwrap_or_default();
+        Error::DeviceLost(why)
     }
 
     pub(crate) fn is_lost(&self) -> bool {
@@ -531,7 +549,7 @@ impl Channel {
     /// the channel). One load, no system call while the byte is set.
     #[inline]
     pub(crate) fn notice_backend(&self) {
-        if !self.lost.load(Ordering::Relaxed) && !backend_alive(&self._ring_page) {
+        if !self.lost.load(Ordering::Relaxed) && !backend_alive(&self.alive) {
             self.backend_gone();
         }
     }
@@ -605,12 +623,8 @@ impl Channel {
     /// channel); then a dead channel is [`Error::DeviceLost`].
     #[inline]
     pub(crate) fn notice_events(&self) -> Result<()> {
-        let prod = self
-            ._event_page
-            .load_u32(event_ring::field::PROD, Ordering::Acquire)?;
-        let cons = self
-            ._event_page
-            .load_u32(event_ring::field::CONS, Ordering::Relaxed)?;
+        let prod = self.event_prod.load(Ordering::Acquire);
+        let cons = self.event_cons.load(Ordering::Relaxed);
         if prod != cons {
             self.pump_events()?;
         }

@@ -87,6 +87,8 @@ impl Drop for CqShared {
 pub struct CompletionQueue {
     pub(crate) shared: Arc<CqShared>,
     poller: CqPoller,
+    /// The context's mode (fixed), kept here so a poll does not follow two pointers for it.
+    mode: Mode,
 }
 
 impl std::fmt::Debug for CompletionQueue {
@@ -134,6 +136,7 @@ impl CompletionQueue {
             }
         };
         Ok(CompletionQueue {
+            mode: ctx.mode,
             shared: Arc::new(CqShared {
                 ctx,
                 handle,
@@ -156,8 +159,9 @@ impl CompletionQueue {
     /// Moves available completions into `wc` and returns the filled part (empty when there
     /// are none). Never blocks. In bypass mode this reads the next CQE's phase bit in shared
     /// memory and makes no system call; in mediated mode each completion is a control request.
+    #[inline]
     pub fn poll<'a>(&mut self, wc: &'a mut [WorkCompletion]) -> Result<&'a mut [WorkCompletion]> {
-        let n = match self.shared.ctx.mode {
+        let n = match self.mode {
             Mode::Bypass => self.poll_bypass(wc)?,
             Mode::Mediated => self.poll_mediated(wc)?,
         };

@@ -487,6 +487,7 @@ impl QueuePair {
     }
 
     /// Posts any send-queue work request.
+    #[inline]
     pub fn post_send_wr(&mut self, wr: &SendWr<'_>) -> Result<()> {
         let (opcode, imm, remote) = match wr.op {
             SendOp::Send => (WqeOpcode::Send, 0, None),
@@ -515,11 +516,7 @@ impl QueuePair {
         };
         if let Some(r) = remote {
             if data.total_len() > r.len {
-                return Err(Error::InvalidArgument(format!(
-                    "{} bytes do not fit the {}-byte remote region",
-                    data.total_len(),
-                    r.len
-                )));
+                return Err(too_long_for_remote(data.total_len(), r.len));
             }
         }
         let mut fl = 0;
@@ -625,28 +622,32 @@ impl QueuePair {
 
     fn raw_sges(&self, sges: &[shared_ring::abi::wqe::Sge]) -> Result<WqeData> {
         if sges.len() > self.max_sge {
-            return Err(Error::InvalidArgument(format!(
-                "{} SGEs exceed the maximum of {}",
-                sges.len(),
-                self.max_sge
-            )));
+            return Err(self.too_many_sges(sges.len()));
         }
         Ok(WqeData::sges(sges)?)
     }
 
+    /// The SGEs of `local`, at most the QP's `max_sge` (≤ [`MAX_SGE`]: `build` takes the
+    /// smaller), written straight into the WQE's data (no intermediate list).
+    #[inline]
     fn sges(&self, local: &[MrSlice<'_>]) -> Result<WqeData> {
-        if local.len() > self.max_sge {
-            return Err(Error::InvalidArgument(format!(
-                "{} SGEs exceed the maximum of {}",
-                local.len(),
-                self.max_sge
-            )));
+        if local.len() > self.max_sge || local.len() > MAX_SGE {
+            return Err(self.too_many_sges(local.len()));
         }
-        let mut s = [shared_ring::abi::wqe::Sge::default(); MAX_SGE];
-        for (d, l) in s.iter_mut().zip(local) {
+        let mut sges = [shared_ring::abi::wqe::Sge::default(); MAX_SGE];
+        for (d, l) in sges.iter_mut().zip(local) {
             *d = l.sge();
         }
-        Ok(WqeData::sges(&s[..local.len()])?)
+        Ok(WqeData::Sges {
+            sges,
+            len: local.len() as u8,
+        })
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn too_many_sges(&self, n: usize) -> Error {
+        Error::InvalidArgument(format!("{n} SGEs exceed the maximum of {}", self.max_sge))
     }
 
     /// Writes one WQE into a raw slot, bypassing every client-side check. For tests of the
@@ -656,23 +657,33 @@ impl QueuePair {
         self.post_bytes(Queue::Send, slot)
     }
 
+    /// Posts a WQE: its sixteen words stored straight into the slot (no byte buffer).
     #[inline]
     fn post(&mut self, q: Queue, wqe: &WqeRepr) -> Result<()> {
-        self.post_bytes(q, &wqe.to_bytes())
+        let words = wqe.to_words();
+        self.post_with(q, |p| p.write_words(&words))
     }
 
     #[inline]
     fn post_bytes(&mut self, q: Queue, slot: &[u8; WQE_LEN]) -> Result<()> {
+        self.post_with(q, |p| p.write(slot))
+    }
+
+    /// Writes a slot with `write`, then publishes it (bypass: the producer index and the kick
+    /// check; mediated: a `PostSend`/`PostRecv` request).
+    #[inline]
+    fn post_with(
+        &mut self,
+        q: Queue,
+        write: impl FnOnce(&mut WqProducer) -> std::result::Result<u32, QueueError>,
+    ) -> Result<()> {
         let chan = &self.shared.pd.ctx.chan;
         chan.check_lost()?;
-        let (p, name) = match q {
-            Queue::Send => (&mut self.sq, "send queue"),
-            Queue::Recv => (&mut self.rq, "receive queue"),
+        let p = match q {
+            Queue::Send => &mut self.sq,
+            Queue::Recv => &mut self.rq,
         };
-        p.write(slot).map_err(|e| match e {
-            QueueError::Full { size } => Error::QueueFull { queue: name, size },
-            e => Error::protocol(format!("{name}: {e}")),
-        })?;
+        write(p).map_err(|e| queue_error(q, e))?;
         match self.mode {
             Mode::Bypass => {
                 if p.publish_and_check_kick(&mut self.kick) {
@@ -690,6 +701,27 @@ impl QueuePair {
             }
         }
         Ok(())
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn too_long_for_remote(len: u64, remote: u64) -> Error {
+    Error::InvalidArgument(format!(
+        "{len} bytes do not fit the {remote}-byte remote region"
+    ))
+}
+
+#[cold]
+#[inline(never)]
+fn queue_error(q: Queue, e: QueueError) -> Error {
+    let name = match q {
+        Queue::Send => "send queue",
+        Queue::Recv => "receive queue",
+    };
+    match e {
+        QueueError::Full { size } => Error::QueueFull { queue: name, size },
+        e => Error::protocol(format!("{name}: {e}")),
     }
 }
 

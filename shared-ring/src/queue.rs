@@ -123,6 +123,31 @@ impl<const N: usize> Producer<N> {
         self.prod_pvt = idx.wrapping_add(1);
         Ok(idx)
     }
+    /// [`Self::write`] of a slot given as its `W = N / 4` words (word `i` holds bytes
+    /// `4 i .. 4 i + 4` in native order): the same stores in the same order, without a
+    /// slot-sized byte buffer (the frontend's post path builds the WQE in registers).
+    #[inline]
+    pub fn write_words<const W: usize>(&mut self, words: &[u32; W]) -> Result<u32, QueueError> {
+        const { assert!(W * 4 == N, "a slot's words") };
+        if self.prod_pvt.wrapping_sub(self.cons_seen) >= self.size() && self.free()? == 0 {
+            return Err(QueueError::Full { size: self.size() });
+        }
+        let idx = self.prod_pvt;
+        match self.owner {
+            None => self.slots.write_head_words(idx, words),
+            Some(off) => {
+                // As in `write`: the body with the owner word saying "not yet", then the
+                // phase, released.
+                let ph = phase(idx, self.slots.count().trailing_zeros());
+                let mut body = *words;
+                body[off / 4] = ph ^ 1;
+                self.slots.write_head_words(idx, &body);
+                self.slots.store_word_at(idx, off, ph, Ordering::Release);
+            }
+        }
+        self.prod_pvt = idx.wrapping_add(1);
+        Ok(idx)
+    }
     /// Publishes written slots: release-stores the producer index.
     #[inline]
     pub fn publish(&mut self) {
@@ -284,5 +309,61 @@ impl<const N: usize> Consumer<N> {
     #[inline]
     pub fn release(&mut self) {
         self.cons.store(self.cons_pvt, Ordering::Release);
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::mem::SharedRegion;
+
+    /// `write_words` leaves the same bytes in shared memory as `write` of those bytes, with
+    /// and without an owner word, over several passes of the ring (phases 1, 0, 1, ...).
+    #[test]
+    fn write_words_stores_what_write_stores() {
+        const N: usize = 64;
+        for owner in [None, Some(28)] {
+            let (ra, rb) = (
+                SharedRegion::alloc(4 * N + 8).unwrap(),
+                SharedRegion::alloc(4 * N + 8).unwrap(),
+            );
+            let end = |r: &SharedRegion, o: Option<usize>| {
+                let (slots, prod, cons) = (
+                    r.slots::<N>(8, 4).unwrap(),
+                    r.word(0).unwrap(),
+                    r.word(4).unwrap(),
+                );
+                match o {
+                    None => Producer::<N>::new(slots, prod, cons, 0),
+                    Some(off) => Producer::with_owner(slots, prod, cons, 0, off),
+                }
+            };
+            let (mut a, mut b) = (end(&ra, owner), end(&rb, owner));
+            let mut x = 0x2545_f491_4f6c_dd1du64;
+            for i in 0..12u32 {
+                let mut words = [0u32; N / 4];
+                for w in &mut words {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    *w = x as u32;
+                }
+                let mut bytes = [0u8; N];
+                for (c, w) in bytes.chunks_exact_mut(4).zip(&words) {
+                    c.copy_from_slice(&w.to_ne_bytes());
+                }
+                assert_eq!(a.write(&bytes), Ok(i));
+                assert_eq!(b.write_words(&words), Ok(i));
+                a.publish();
+                b.publish();
+                let (mut ma, mut mb) = ([0u8; 4 * N + 8], [0u8; 4 * N + 8]);
+                ra.read(0, &mut ma).unwrap();
+                rb.read(0, &mut mb).unwrap();
+                assert_eq!(ma, mb, "slot {i}, owner {owner:?}");
+                // The consumer's index follows, so the ring wraps.
+                ra.store_u32(4, i + 1, Ordering::Relaxed).unwrap();
+                rb.store_u32(4, i + 1, Ordering::Relaxed).unwrap();
+            }
+        }
     }
 }

@@ -187,6 +187,19 @@ fn kick_model<const N: usize>(
         + Send
         + 'static,
 ) {
+    kick_model_with(queues, |p: &mut Producer<N>, s: &[u8; N]| {
+        p.write(s).unwrap();
+    })
+}
+
+/// [`kick_model`] with the producer's slot write given (`Producer::write` or `write_words`).
+fn kick_model_with<const N: usize>(
+    queues: impl Fn(&SharedRegion, SharedWord, SharedWord) -> (Producer<N>, Consumer<N>)
+        + Sync
+        + Send
+        + 'static,
+    write: fn(&mut Producer<N>, &[u8; N]),
+) {
     model(move || {
         const WQES: u8 = 2;
         let slot = |i: u8| {
@@ -224,7 +237,7 @@ fn kick_model<const N: usize>(
             }
         });
         for i in 0..WQES {
-            sq.write(&slot(i)).unwrap();
+            write(&mut sq, &slot(i));
             if sq.publish_and_check_kick(&mut front_word) {
                 evtchn.notify();
             }
@@ -256,6 +269,24 @@ fn doorbell_kick_by_phase_has_no_lost_wakeup_and_no_torn_wqe() {
             Consumer::with_owner(mem.slots(0, 2).unwrap(), prod, cons, 0, 4, true),
         )
     });
+}
+
+/// The same with the slots written by `Producer::write_words` (the frontend's post path): the
+/// engine must still never see a published phase before the body.
+#[test]
+fn doorbell_kick_by_phase_with_words_has_no_lost_wakeup_and_no_torn_wqe() {
+    kick_model_with::<8>(
+        |mem, prod, cons| {
+            (
+                Producer::with_owner(mem.slots(0, 2).unwrap(), prod.clone(), cons.clone(), 0, 4),
+                Consumer::with_owner(mem.slots(0, 2).unwrap(), prod, cons, 0, 4, true),
+            )
+        },
+        |p, s| {
+            let w = |i: usize| u32::from_ne_bytes([s[i], s[i + 1], s[i + 2], s[i + 3]]);
+            p.write_words(&[w(0), w(4)]).unwrap();
+        },
+    );
 }
 
 fn cqe(wr_id: u64) -> [u8; CQE_LEN] {

@@ -230,6 +230,7 @@ impl WqeData {
         })
     }
     /// Total bytes described.
+    #[inline]
     pub fn total_len(&self) -> u64 {
         match self {
             Self::Sges { sges, len } => sges[..*len as usize]
@@ -361,6 +362,7 @@ impl WqeRepr {
     }
 
     /// The slot bytes of this WQE.
+    #[inline]
     pub fn to_bytes(&self) -> [u8; WQE_LEN] {
         let mut b = [0u8; WQE_LEN];
         self.emit(&mut Wqe::new_unchecked(&mut b[..]));
@@ -370,6 +372,52 @@ impl WqeRepr {
     /// Parses slot bytes.
     pub fn from_bytes(b: &[u8; WQE_LEN]) -> Result<Self, AbiError> {
         Self::parse(&Wqe::new_unchecked(&b[..]))
+    }
+
+    /// The slot as sixteen words, word `i` holding bytes `4 i .. 4 i + 4` of
+    /// [`Self::to_bytes`] in native order (what `Producer::write_words` stores): the same
+    /// bytes, built in registers, so the post path needs no 64-byte buffer on the stack (whose
+    /// byte-wise stores and word-wise reloads cost the library's post ≈ 30 ns; see
+    /// docs/benchmarks.md "The library path").
+    #[inline]
+    pub fn to_words(&self) -> [u32; WQE_LEN / 4] {
+        let w = |v: u32| u32::from_ne_bytes(v.to_le_bytes());
+        let lo = |v: u64| w(v as u32);
+        let hi = |v: u64| w((v >> 32) as u32);
+        let (flags, num_sge, inline_len) = match &self.data {
+            WqeData::Sges { len, .. } => (self.flags & !flags::INLINE, *len, 0),
+            WqeData::Inline { len, .. } => (self.flags | flags::INLINE, 0, *len),
+        };
+        let mut words = [0u32; WQE_LEN / 4];
+        words[0] = u32::from_ne_bytes([self.opcode as u8, flags, num_sge, inline_len]);
+        words[1] = w(self.imm_data);
+        words[2] = lo(self.wr_id);
+        words[3] = hi(self.wr_id);
+        words[4] = lo(self.remote_addr);
+        words[5] = hi(self.remote_addr);
+        words[6] = w(self.rkey);
+        // words[7]: the owner word, 0 (the queue sets the phase).
+        const P: usize = field::PAYLOAD / 4;
+        match &self.data {
+            WqeData::Sges { sges, len } => {
+                for (i, s) in sges.iter().enumerate().take(usize::from(*len)) {
+                    let o = P + i * (SGE_LEN / 4);
+                    words[o] = lo(s.offset);
+                    words[o + 1] = hi(s.offset);
+                    words[o + 2] = w(s.length);
+                    words[o + 3] = w(s.lkey);
+                }
+            }
+            WqeData::Inline { bytes, len } => {
+                let l = usize::from(*len).min(MAX_INLINE);
+                let mut b = [0u8; MAX_INLINE];
+                b[..l].copy_from_slice(&bytes[..l]);
+                for (d, c) in words[P..].iter_mut().zip(b.chunks_exact(4)) {
+                    *d = u32::from_ne_bytes([c[0], c[1], c[2], c[3]]);
+                }
+            }
+        }
+        words
     }
 }
 
@@ -403,6 +451,65 @@ mod tests {
             .unwrap()
         );
         assert_eq!(r.to_bytes(), b);
+    }
+
+    /// `to_words` is `to_bytes` word by word, for SGE and inline WQEs, every opcode and flag
+    /// combination, SGE counts past `MAX_SGE` and bytes past an inline length (which neither
+    /// encodes).
+    #[test]
+    fn to_words_are_the_bytes_of_to_bytes() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let ops = [
+            WqeOpcode::Send,
+            WqeOpcode::SendWithImm,
+            WqeOpcode::RdmaWrite,
+            WqeOpcode::RdmaWriteWithImm,
+            WqeOpcode::RdmaRead,
+            WqeOpcode::Recv,
+        ];
+        for i in 0..600 {
+            let r = next();
+            let data = if i % 2 == 0 {
+                let sge = |v: u64| Sge {
+                    offset: v,
+                    length: (v >> 7) as u32,
+                    lkey: (v >> 29) as u32,
+                };
+                WqeData::Sges {
+                    sges: [sge(next()), sge(next())],
+                    len: (r % 5) as u8,
+                }
+            } else {
+                let mut bytes = [0u8; MAX_INLINE];
+                for c in bytes.chunks_exact_mut(8) {
+                    c.copy_from_slice(&next().to_le_bytes());
+                }
+                WqeData::Inline {
+                    bytes,
+                    len: (r % 40) as u8,
+                }
+            };
+            let wqe = WqeRepr {
+                opcode: ops[i % ops.len()],
+                flags: (r >> 8) as u8,
+                wr_id: next(),
+                imm_data: (r >> 16) as u32,
+                remote_addr: next(),
+                rkey: (r >> 40) as u32,
+                data,
+            };
+            let bytes = wqe.to_bytes();
+            let words = wqe.to_words();
+            for (k, w) in words.iter().enumerate() {
+                assert_eq!(w.to_ne_bytes(), bytes[4 * k..4 * k + 4], "{wqe:?} word {k}");
+            }
+        }
     }
 
     #[test]

@@ -1,0 +1,268 @@
+//! What the `vrdma` library adds to the bypass round trip: the device bench's post → CQE
+//! (shared-ring's producer and CQ poller driving a `SoftDevice` directly) and the library
+//! bench's `roundtrip/real_bypass` (the `vrdma` library through the real daemon) measured in one
+//! process, interleaved round by round with the floor, so that the host's placement of the two
+//! vCPUs is the same for the figures compared (docs/benchmarks.md, "The library path").
+//!
+//! * `floor` — `bench_support::CacheLinePingPong`, as in every bench.
+//! * `dev_loop` — the device bench's `post_to_cqe_64B`: a loopback RC QP (connected to itself),
+//!   a signaled 64-byte RDMA WRITE posted with `WqProducer::write` + `publish_and_check_kick`,
+//!   completed by `CqPoller::poll_raw`.
+//! * `dev_pair` — the same engine path in the library bench's shape: one bypass channel, two
+//!   CQs, two QPs connected to each other, the WRITE from the first QP, the CQE on its CQ.
+//! * `lib` — the library bench's `real_bypass`: `QueuePair::post_write` of one 64-byte slice,
+//!   `CompletionQueue::poll` until the CQE, through the daemon and the software device on a
+//!   simulated host.
+//!
+//! Every device here has one engine thread that spins 200 µs before sleeping (the daemon's
+//! default), so only the engine of the figure being measured runs. Two threads spin in every
+//! figure (poster and engine, or the two ping-pong threads). Round trips: 150 batches of 1000
+//! after a warm-up; the 10th percentile and the median of the batch means, ns.
+//!
+//! `cargo run --release -p vrdma --example lib_costs [ROUNDS]`
+
+use std::hint::spin_loop;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bench_support::CacheLinePingPong;
+use shared_ring::abi::wqe::{WqeOpcode, WQE_LEN};
+use vrdma::{AccessFlags, Context, Mode, WorkCompletion};
+use vrdma_backend::control::ControlOpener;
+use vrdma_backend::daemon::{self, Daemon};
+use vrdma_backend::device::testkit::{self, Loopback, TestChannel};
+use vrdma_backend::device::{ChannelMode, Device, EngineConfig, SoftDevice};
+use vrdma_backend::resources::Quotas;
+use xen_platform::sim::{SimHost, SimHostConfig};
+use xen_platform::{DomId, Platform, PlatformKind};
+
+/// (10th percentile, median) over 150 batches of the mean of 1000 calls, ns.
+fn spread(mut f: impl FnMut()) -> [f64; 2] {
+    for _ in 0..20_000 {
+        f();
+    }
+    let mut v: Vec<f64> = (0..150)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..1000 {
+                f();
+            }
+            t.elapsed().as_nanos() as f64 / 1000.0
+        })
+        .collect();
+    v.sort_by(|a, b| a.total_cmp(b));
+    [v[v.len() / 10], v[v.len() / 2]]
+}
+
+fn main() {
+    let rounds: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(5);
+    let spin = Duration::from_micros(200);
+
+    // dev_loop: the device bench's loopback.
+    let mut lo = Loopback::with_spin(1 << 20, spin);
+    let lo_wqe = lo.write_wqe(64);
+
+    // dev_pair: two QPs on one channel, like the library bench.
+    let pdev = SoftDevice::new(EngineConfig::default()).unwrap();
+    let mut pch = TestChannel::open(&pdev, 1, ChannelMode::Bypass);
+    let mut pcq1 = pch.cq(&pdev, 6);
+    let pcq2 = pch.cq(&pdev, 6);
+    let mut pq1 = pch.qp(&pdev, &pcq1, &pcq1, 4);
+    let pq2 = pch.qp(&pdev, &pcq2, &pcq2, 4);
+    testkit::connect(&pdev, &pq1, &pq2);
+    let psrc = pch.mr(&pdev, 4096, testkit_access_all());
+    let pdst = pch.mr(&pdev, 4096, testkit_access_all());
+    let pair_wqe: [u8; WQE_LEN] = testkit::wqe(
+        WqeOpcode::RdmaWrite,
+        1,
+        &[psrc.sge(0, 64)],
+        (pdst.iova, pdst.keys.rkey),
+        0,
+    )
+    .to_bytes();
+
+    // lib: the library bench's real_bypass.
+    let tmp = tempfile::Builder::new()
+        .prefix("vb")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let host = SimHost::start(SimHostConfig::new(tmp.path())).unwrap();
+    let platform = |d: DomId| {
+        Platform::open(PlatformKind::Sim {
+            dir: host.dir().to_path_buf(),
+            domid: d,
+        })
+        .unwrap()
+    };
+    let p0 = platform(DomId::DOM0);
+    let device: Arc<dyn Device> = Arc::new(SoftDevice::new(EngineConfig::default()).unwrap());
+    let d = Daemon::new(
+        Arc::new(p0.xenstore().unwrap()),
+        0,
+        daemon::device_info("soft-iwarp", &device.attrs()),
+        Quotas::default(),
+        daemon::device_stats_source(device.clone()),
+        {
+            let (p0, device) = (p0.clone(), device.clone());
+            move |faults| Box::new(ControlOpener::new(p0, device, faults))
+        },
+    );
+    let shutdown = d.shutdown_handle();
+    let daemon = std::thread::spawn(move || d.run());
+    let guest = host.create_domain(Some("bench"), None).unwrap();
+    let dom0 = p0.xenstore().unwrap();
+    vrdma_backend::toolstack::attach_device(&dom0, u32::from(guest.0), 0, 0, &Quotas::default())
+        .unwrap();
+    let pg = platform(guest);
+    let ctx = Context::builder()
+        .store(Arc::new(pg.xenstore().unwrap()))
+        .platform(pg)
+        .mode(Mode::Bypass)
+        .open()
+        .unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let mut cq = ctx.create_cq(64).unwrap();
+    let cq2 = ctx.create_cq(64).unwrap();
+    let mut q1 = pd
+        .create_qp(&cq, &cq)
+        .sq_size(16)
+        .rq_size(16)
+        .build()
+        .unwrap();
+    let mut q2 = pd
+        .create_qp(&cq2, &cq2)
+        .sq_size(16)
+        .rq_size(16)
+        .build()
+        .unwrap();
+    let (e1, e2) = (q1.endpoint(), q2.endpoint());
+    std::thread::scope(|s| {
+        let a = s.spawn(|| q1.connect(&e2));
+        q2.connect(&e1).unwrap();
+        a.join().unwrap().unwrap();
+    });
+    let src = pd.alloc_mr(4096, AccessFlags::ALL).unwrap();
+    let dst = pd.alloc_mr(4096, AccessFlags::ALL).unwrap();
+    let (local, remote) = (src.slice(0..64), dst.remote().slice(0..64));
+    let mut wc = [WorkCompletion::default(); 4];
+    let raw_wqe: [u8; WQE_LEN] = testkit::wqe(
+        WqeOpcode::RdmaWrite,
+        1,
+        &[vrdma::Sge {
+            offset: 0,
+            length: 64,
+            lkey: src.lkey(),
+        }],
+        (remote.addr, remote.rkey),
+        0,
+    )
+    .to_bytes();
+
+    if std::env::args().nth(1).as_deref() == Some("ir") {
+        // For callgrind: N posts and their polls (yielding while nothing is there), then N
+        // polls of the idle CQ; per-call costs from `callgrind_annotate --inclusive=yes`.
+        let n: usize = std::env::args().nth(2).map_or(2000, |a| a.parse().unwrap());
+        for _ in 0..n {
+            q1.post_write(&[local], remote, 1).unwrap();
+            while cq.poll(&mut wc).unwrap().is_empty() {
+                std::thread::yield_now();
+            }
+        }
+        for _ in 0..n {
+            assert!(cq.poll(&mut wc).unwrap().is_empty());
+        }
+        drop((q1, q2, cq, cq2, src, dst, pd, ctx));
+        shutdown.shutdown();
+        let _ = daemon.join();
+        return;
+    }
+    println!(
+        "bypass post -> CQE, 64-byte RDMA WRITE, ns (p10 / median of 150 batch means of 1000); \
+         2 threads spin in every figure"
+    );
+    println!(
+        "lib_bytes: WqeRepr::to_bytes per post + post_raw_send_slot; lib_raw: bytes built \
+         once + post_raw_send_slot"
+    );
+    println!(
+        "round  floor         dev_loop      dev_pair      lib           lib_bytes     \
+         lib_raw       lib/floor(p10)"
+    );
+    for r in 0..rounds {
+        // The echo thread spins while it exists: started and stopped around its own figure.
+        let mut floor = CacheLinePingPong::start();
+        let f = spread(|| floor.round_trip());
+        drop(floor);
+        let dl = spread(|| {
+            lo.qp.sq.write(&lo_wqe).unwrap();
+            if lo.qp.sq.publish_and_check_kick(&mut lo.qp.kick) {
+                lo.dev.kick(lo.qp.ch);
+            }
+            while lo.cq.poller.poll_raw().is_none() {
+                spin_loop();
+            }
+        });
+        let dp = spread(|| {
+            pq1.sq.write(&pair_wqe).unwrap();
+            if pq1.sq.publish_and_check_kick(&mut pq1.kick) {
+                pdev.kick(pq1.ch);
+            }
+            while pcq1.poller.poll_raw().is_none() {
+                spin_loop();
+            }
+        });
+        // How the post builds its WQE: 0 the library's (`post_write`), 1 a `WqeRepr` built
+        // and serialised to bytes per post (`to_bytes`, as the library did before), 2 bytes
+        // built once.
+        let mut lib = |build: u8| {
+            spread(|| {
+                match build {
+                    0 => q1.post_write(&[local], remote, 1).unwrap(),
+                    1 => {
+                        let w = testkit::wqe(
+                            WqeOpcode::RdmaWrite,
+                            1,
+                            &[vrdma::Sge {
+                                offset: 0,
+                                length: 64,
+                                lkey: src.lkey(),
+                            }],
+                            (remote.addr, remote.rkey),
+                            0,
+                        );
+                        q1.post_raw_send_slot(&std::hint::black_box(w).to_bytes())
+                            .unwrap()
+                    }
+                    _ => q1.post_raw_send_slot(&raw_wqe).unwrap(),
+                }
+                loop {
+                    if let Some(w) = cq.poll(&mut wc).unwrap().first() {
+                        assert!(w.is_ok(), "{w:?}");
+                        break;
+                    }
+                    spin_loop();
+                }
+            })
+        };
+        let l = lib(0);
+        let lby = lib(1);
+        let lr = lib(2);
+        let all = [f, dl, dp, l, lby, lr];
+        print!("{r:>5}");
+        for x in all {
+            print!("  {:>5.1} {:>6.1}", x[0], x[1]);
+        }
+        println!("   {:.2}", l[0] / f[0]);
+    }
+    drop((q1, q2, cq, cq2, src, dst, pd, ctx));
+    shutdown.shutdown();
+    let _ = daemon.join();
+    drop(pcq1);
+}
+
+fn testkit_access_all() -> u32 {
+    shared_ring::abi::control::access::ALL
+}
