@@ -397,7 +397,11 @@ fn the_peer_closing_mid_transfer_flushes_and_disconnects() {
 }
 
 /// Copies bytes from `from` to `to` until either end closes; flips byte `corrupt` (counted
-/// from the start of the stream) once.
+/// from the start of the stream) once. Each direction closes on its own (`to` for writing,
+/// `from` for reading): when one side closes, what the other direction still carries (a
+/// Terminate) reaches its end before that end's stream ends. Shutting both directions here
+/// raced the other forwarder and could end the requester's stream before the responder's
+/// Terminate got through (a `QpDisconnected` instead of the `QpFatal` the test expects).
 fn forward(mut from: TcpStream, mut to: TcpStream, corrupt: Option<usize>) {
     let mut buf = vec![0u8; 64 << 10];
     let mut at = 0usize;
@@ -416,8 +420,8 @@ fn forward(mut from: TcpStream, mut to: TcpStream, corrupt: Option<usize>) {
             break;
         }
     }
-    let _ = to.shutdown(std::net::Shutdown::Both);
-    let _ = from.shutdown(std::net::Shutdown::Both);
+    let _ = to.shutdown(std::net::Shutdown::Write);
+    let _ = from.shutdown(std::net::Shutdown::Read);
 }
 
 #[test]

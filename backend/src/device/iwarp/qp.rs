@@ -154,8 +154,6 @@ impl RemoteQp {
     }
 }
 
-/// Idle time before a silent peer is probed, unless `[cm] peer-probe-s` says otherwise (a
-/// dead one is noticed about twice this later).
 /// Bytes of multi-FPDU messages between two reads of the socket's MSS
 /// ([`Conn::refresh_mulpdu`]).
 pub(crate) const MSS_LOOK_BYTES: usize = 1 << 20;
@@ -165,6 +163,8 @@ fn mulpdu_of(mss: usize) -> usize {
     fpdu::mulpdu(mss.clamp(256, 65532))
 }
 
+/// Idle time before a silent peer is probed, unless `[cm] peer-probe-s` says otherwise (a
+/// dead one is noticed about twice this later).
 pub const DEFAULT_PEER_PROBE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The keepalive of a stream whose peer is probed after `probe` of silence: then every
