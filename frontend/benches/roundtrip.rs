@@ -28,6 +28,8 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "support/real_pair.rs"]
+mod real_pair;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -35,13 +37,8 @@ use std::sync::Arc;
 use bench_support::report::{figure_line, ratio_line, RatioRecord};
 use bench_support::{time_ops, Batches, CacheLinePingPong, Samples};
 use common::{FakeBackend, World};
-use vrdma::{AccessFlags, Context, Mode, WorkCompletion};
-use vrdma_backend::control::ControlOpener;
-use vrdma_backend::daemon::{self, Daemon};
-use vrdma_backend::device::{Device, EngineConfig, SoftDevice};
-use vrdma_backend::resources::Quotas;
-use xen_platform::sim::{SimHost, SimHostConfig};
-use xen_platform::{DomId, Platform, PlatformKind};
+use real_pair::RealPair;
+use vrdma::{Context, Mode, WorkCompletion};
 
 /// `rounds` batches of `batch` calls of `f` (after one warm-up batch): ns per call.
 fn measure(rounds: usize, batch: u32, mut f: impl FnMut()) -> Samples {
@@ -99,84 +96,20 @@ fn roundtrip(mode: Mode, rounds: usize, batch: u32) -> Samples {
 
 /// Post → CQE of a 64-byte RDMA WRITE through the real backend daemon and software device.
 fn real_roundtrip(mode: Mode, rounds: usize, batch: u32) -> Samples {
-    let tmp = tempfile::Builder::new()
-        .prefix("vb")
-        .tempdir_in("/tmp")
-        .unwrap();
-    let host = SimHost::start(SimHostConfig::new(tmp.path())).unwrap();
-    let platform = |d: DomId| {
-        Platform::open(PlatformKind::Sim {
-            dir: host.dir().to_path_buf(),
-            domid: d,
-        })
-        .unwrap()
-    };
-    let p0 = platform(DomId::DOM0);
-    let device: Arc<dyn Device> = Arc::new(SoftDevice::new(EngineConfig::default()).unwrap());
-    let d = Daemon::new(
-        Arc::new(p0.xenstore().unwrap()),
-        0,
-        daemon::device_info("soft-iwarp", &device.attrs()),
-        Quotas::default(),
-        daemon::device_stats_source(device.clone()),
-        {
-            let (p0, device) = (p0.clone(), device.clone());
-            move |faults| Box::new(ControlOpener::new(p0, device, faults))
-        },
-    );
-    let shutdown = d.shutdown_handle();
-    let daemon = std::thread::spawn(move || d.run());
-    let guest = host.create_domain(Some("bench"), None).unwrap();
-    let dom0 = p0.xenstore().unwrap();
-    vrdma_backend::toolstack::attach_device(&dom0, u32::from(guest.0), 0, 0, &Quotas::default())
-        .unwrap();
-    let pg = platform(guest);
-    let ctx = Context::builder()
-        .store(Arc::new(pg.xenstore().unwrap()))
-        .platform(pg)
-        .mode(mode)
-        .open()
-        .unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let mut cq = ctx.create_cq(64).unwrap();
-    let cq2 = ctx.create_cq(64).unwrap();
-    let mut q1 = pd
-        .create_qp(&cq, &cq)
-        .sq_size(16)
-        .rq_size(16)
-        .build()
-        .unwrap();
-    let mut q2 = pd
-        .create_qp(&cq2, &cq2)
-        .sq_size(16)
-        .rq_size(16)
-        .build()
-        .unwrap();
-    let (e1, e2) = (q1.endpoint(), q2.endpoint());
-    std::thread::scope(|s| {
-        let a = s.spawn(|| q1.connect(&e2));
-        q2.connect(&e1).unwrap();
-        a.join().unwrap().unwrap();
-    });
-    let src = pd.alloc_mr(4096, AccessFlags::ALL).unwrap();
-    let dst = pd.alloc_mr(4096, AccessFlags::ALL).unwrap();
-    let (local, remote) = (src.slice(0..64), dst.remote().slice(0..64));
+    let mut p = RealPair::start(mode);
+    let (local, remote) = (p.src.slice(0..64), p.dst.remote().slice(0..64));
     let mut wc = [WorkCompletion::default(); 4];
-    let r = measure(rounds, batch, || {
-        q1.post_write(&[local], remote, 1).unwrap();
+    measure(rounds, batch, || {
+        p.q1.post_write(&[local], remote, 1).unwrap();
         loop {
-            let done = cq.poll(&mut wc).unwrap();
+            let done = p.cq.poll(&mut wc).unwrap();
             if let Some(w) = done.first() {
                 assert!(w.is_ok(), "{w:?}");
                 break;
             }
             std::hint::spin_loop();
         }
-    });
-    drop((q1, q2, cq, cq2, src, dst, pd, ctx));
-    shutdown.shutdown();
-    let _ = daemon.join();
-    r
+    })
 }
 
 fn main() {

@@ -22,19 +22,17 @@
 //! `cargo run --release -p vrdma --example lib_costs [ROUNDS]`
 
 use std::hint::spin_loop;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bench_support::CacheLinePingPong;
 use shared_ring::abi::wqe::{WqeOpcode, WQE_LEN};
-use vrdma::{AccessFlags, Context, Mode, WorkCompletion};
-use vrdma_backend::control::ControlOpener;
-use vrdma_backend::daemon::{self, Daemon};
+use vrdma::{Mode, WorkCompletion};
 use vrdma_backend::device::testkit::{self, Loopback, TestChannel};
 use vrdma_backend::device::{ChannelMode, Device, EngineConfig, SoftDevice};
-use vrdma_backend::resources::Quotas;
-use xen_platform::sim::{SimHost, SimHostConfig};
-use xen_platform::{DomId, Platform, PlatformKind};
+
+#[path = "../benches/support/real_pair.rs"]
+mod real_pair;
+use real_pair::RealPair;
 
 /// (10th percentile, median) over 150 batches of the mean of 1000 calls, ns.
 fn spread(mut f: impl FnMut()) -> [f64; 2] {
@@ -85,98 +83,39 @@ fn main() {
     .to_bytes();
 
     // lib: the library bench's real_bypass.
-    let tmp = tempfile::Builder::new()
-        .prefix("vb")
-        .tempdir_in("/tmp")
-        .unwrap();
-    let host = SimHost::start(SimHostConfig::new(tmp.path())).unwrap();
-    let platform = |d: DomId| {
-        Platform::open(PlatformKind::Sim {
-            dir: host.dir().to_path_buf(),
-            domid: d,
-        })
-        .unwrap()
-    };
-    let p0 = platform(DomId::DOM0);
-    let device: Arc<dyn Device> = Arc::new(SoftDevice::new(EngineConfig::default()).unwrap());
-    let d = Daemon::new(
-        Arc::new(p0.xenstore().unwrap()),
-        0,
-        daemon::device_info("soft-iwarp", &device.attrs()),
-        Quotas::default(),
-        daemon::device_stats_source(device.clone()),
-        {
-            let (p0, device) = (p0.clone(), device.clone());
-            move |faults| Box::new(ControlOpener::new(p0, device, faults))
-        },
-    );
-    let shutdown = d.shutdown_handle();
-    let daemon = std::thread::spawn(move || d.run());
-    let guest = host.create_domain(Some("bench"), None).unwrap();
-    let dom0 = p0.xenstore().unwrap();
-    vrdma_backend::toolstack::attach_device(&dom0, u32::from(guest.0), 0, 0, &Quotas::default())
-        .unwrap();
-    let pg = platform(guest);
-    let ctx = Context::builder()
-        .store(Arc::new(pg.xenstore().unwrap()))
-        .platform(pg)
-        .mode(Mode::Bypass)
-        .open()
-        .unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let mut cq = ctx.create_cq(64).unwrap();
-    let cq2 = ctx.create_cq(64).unwrap();
-    let mut q1 = pd
-        .create_qp(&cq, &cq)
-        .sq_size(16)
-        .rq_size(16)
-        .build()
-        .unwrap();
-    let mut q2 = pd
-        .create_qp(&cq2, &cq2)
-        .sq_size(16)
-        .rq_size(16)
-        .build()
-        .unwrap();
-    let (e1, e2) = (q1.endpoint(), q2.endpoint());
-    std::thread::scope(|s| {
-        let a = s.spawn(|| q1.connect(&e2));
-        q2.connect(&e1).unwrap();
-        a.join().unwrap().unwrap();
-    });
-    let src = pd.alloc_mr(4096, AccessFlags::ALL).unwrap();
-    let dst = pd.alloc_mr(4096, AccessFlags::ALL).unwrap();
-    let (local, remote) = (src.slice(0..64), dst.remote().slice(0..64));
+    let mut p = RealPair::start(Mode::Bypass);
+    let (local, remote) = (p.src.slice(0..64), p.dst.remote().slice(0..64));
     let mut wc = [WorkCompletion::default(); 4];
-    let raw_wqe: [u8; WQE_LEN] = testkit::wqe(
-        WqeOpcode::RdmaWrite,
-        1,
-        &[vrdma::Sge {
-            offset: 0,
-            length: 64,
-            lkey: src.lkey(),
-        }],
-        (remote.addr, remote.rkey),
-        0,
-    )
-    .to_bytes();
+    // The WQE `post_write(&[local], remote, 1)` builds, as a `WqeRepr`.
+    let lkey = p.src.lkey();
+    let write_wqe = || {
+        testkit::wqe(
+            WqeOpcode::RdmaWrite,
+            1,
+            &[vrdma::Sge {
+                offset: 0,
+                length: 64,
+                lkey,
+            }],
+            (remote.addr, remote.rkey),
+            0,
+        )
+    };
+    let raw_wqe: [u8; WQE_LEN] = write_wqe().to_bytes();
 
     if std::env::args().nth(1).as_deref() == Some("ir") {
         // For callgrind: N posts and their polls (yielding while nothing is there), then N
         // polls of the idle CQ; per-call costs from `callgrind_annotate --inclusive=yes`.
         let n: usize = std::env::args().nth(2).map_or(2000, |a| a.parse().unwrap());
         for _ in 0..n {
-            q1.post_write(&[local], remote, 1).unwrap();
-            while cq.poll(&mut wc).unwrap().is_empty() {
+            p.q1.post_write(&[local], remote, 1).unwrap();
+            while p.cq.poll(&mut wc).unwrap().is_empty() {
                 std::thread::yield_now();
             }
         }
         for _ in 0..n {
-            assert!(cq.poll(&mut wc).unwrap().is_empty());
+            assert!(p.cq.poll(&mut wc).unwrap().is_empty());
         }
-        drop((q1, q2, cq, cq2, src, dst, pd, ctx));
-        shutdown.shutdown();
-        let _ = daemon.join();
         return;
     }
     println!(
@@ -220,26 +159,16 @@ fn main() {
         let mut lib = |build: u8| {
             spread(|| {
                 match build {
-                    0 => q1.post_write(&[local], remote, 1).unwrap(),
+                    0 => p.q1.post_write(&[local], remote, 1).unwrap(),
                     1 => {
-                        let w = testkit::wqe(
-                            WqeOpcode::RdmaWrite,
-                            1,
-                            &[vrdma::Sge {
-                                offset: 0,
-                                length: 64,
-                                lkey: src.lkey(),
-                            }],
-                            (remote.addr, remote.rkey),
-                            0,
-                        );
-                        q1.post_raw_send_slot(&std::hint::black_box(w).to_bytes())
+                        let w = write_wqe();
+                        p.q1.post_raw_send_slot(&std::hint::black_box(w).to_bytes())
                             .unwrap()
                     }
-                    _ => q1.post_raw_send_slot(&raw_wqe).unwrap(),
+                    _ => p.q1.post_raw_send_slot(&raw_wqe).unwrap(),
                 }
                 loop {
-                    if let Some(w) = cq.poll(&mut wc).unwrap().first() {
+                    if let Some(w) = p.cq.poll(&mut wc).unwrap().first() {
                         assert!(w.is_ok(), "{w:?}");
                         break;
                     }
@@ -257,9 +186,7 @@ fn main() {
         }
         println!("   {:.2}", l[0] / f[0]);
     }
-    drop((q1, q2, cq, cq2, src, dst, pd, ctx));
-    shutdown.shutdown();
-    let _ = daemon.join();
+    drop(p);
     drop(pcq1);
 }
 
