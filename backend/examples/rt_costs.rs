@@ -34,6 +34,7 @@ use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
+use bench_support::{time_ops, Batches};
 use vrdma_backend::device::testkit::Loopback;
 use vrdma_backend::device::Device;
 
@@ -48,20 +49,9 @@ impl Line {
 
 /// (minimum, 10th percentile, median) over 200 batches of the mean of 1000 round trips, ns.
 fn spread(mut f: impl FnMut()) -> [f64; 3] {
-    for _ in 0..20_000 {
-        f();
-    }
-    let mut v: Vec<f64> = (0..200)
-        .map(|_| {
-            let t = Instant::now();
-            for _ in 0..1000 {
-                f();
-            }
-            t.elapsed().as_nanos() as f64 / 1000.0
-        })
-        .collect();
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    [v[0], v[v.len() / 10], v[v.len() / 2]]
+    time_ops(20_000, &mut f);
+    let s = Batches::fixed(200, 1000).run(|n| time_ops(n, &mut f));
+    [s.percentile(0.0), s.percentile(0.1), s.percentile(0.5)]
 }
 
 /// Median over 21 rounds of the mean of `batch` calls, ns (single-thread unit costs).

@@ -93,6 +93,18 @@ impl Samples {
     pub fn median(&self) -> f64 {
         self.spread().map_or(f64::NAN, |s| s.median)
     }
+
+    /// The sample of rank `q × n` (0-based, nearest below; `q` in 0..=1) in ascending order,
+    /// e.g. `percentile(0.1)` of 150 samples is the 16th smallest; NaN without samples.
+    pub fn percentile(&self, q: f64) -> f64 {
+        let mut v = self.0.clone();
+        if v.is_empty() {
+            return f64::NAN;
+        }
+        v.sort_by(f64::total_cmp);
+        let i = (q.clamp(0.0, 1.0) * v.len() as f64) as usize;
+        v[i.min(v.len() - 1)]
+    }
 }
 
 /// Min, quartiles, median and max of a set of values (NaNs ignored).
@@ -213,6 +225,19 @@ mod tests {
         assert_eq!((s.n, s.median), (1, 7.0));
         assert!(Spread::of(&[]).is_none());
         assert!(Samples::default().median().is_nan());
+    }
+
+    #[test]
+    fn percentiles_are_ranks_of_the_sorted_samples() {
+        let s = Samples::from_ns((0..150).rev().map(f64::from).collect());
+        assert_eq!(
+            (s.percentile(0.0), s.percentile(0.1), s.percentile(0.5)),
+            (0.0, 15.0, 75.0)
+        );
+        assert_eq!(s.percentile(1.0), 149.0);
+        let s = Samples::from_ns((0..200).map(f64::from).collect());
+        assert_eq!(s.percentile(0.1), 20.0);
+        assert!(Samples::default().percentile(0.5).is_nan());
     }
 
     #[test]

@@ -22,9 +22,9 @@
 //! `cargo run --release -p vrdma --example lib_costs [ROUNDS]`
 
 use std::hint::spin_loop;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use bench_support::CacheLinePingPong;
+use bench_support::{time_ops, Batches, CacheLinePingPong};
 use shared_ring::abi::wqe::{WqeOpcode, WQE_LEN};
 use vrdma::{Mode, WorkCompletion};
 use vrdma_backend::device::testkit::{self, Loopback, TestChannel};
@@ -34,22 +34,11 @@ use vrdma_backend::device::{ChannelMode, Device, EngineConfig, SoftDevice};
 mod real_pair;
 use real_pair::RealPair;
 
-/// (10th percentile, median) over 150 batches of the mean of 1000 calls, ns.
+/// (10th percentile, median) over 150 batches of the mean of 1000 calls, ns (after 20 000).
 fn spread(mut f: impl FnMut()) -> [f64; 2] {
-    for _ in 0..20_000 {
-        f();
-    }
-    let mut v: Vec<f64> = (0..150)
-        .map(|_| {
-            let t = Instant::now();
-            for _ in 0..1000 {
-                f();
-            }
-            t.elapsed().as_nanos() as f64 / 1000.0
-        })
-        .collect();
-    v.sort_by(|a, b| a.total_cmp(b));
-    [v[v.len() / 10], v[v.len() / 2]]
+    time_ops(20_000, &mut f);
+    let s = Batches::fixed(150, 1000).run(|n| time_ops(n, &mut f));
+    [s.percentile(0.1), s.percentile(0.5)]
 }
 
 fn main() {
