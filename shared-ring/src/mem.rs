@@ -105,8 +105,8 @@ const SMALL_MOVE: usize = 64;
 #[inline(always)]
 unsafe fn move_small(src: *const u8, dst: *mut u8, len: usize) {
     use std::ptr::{read_unaligned as rd, write_unaligned as wr};
-    // SAFETY (every access below): each chunk lies inside `[0, len)` of its range, which the
-    // caller guarantees valid; unaligned reads and writes need no alignment.
+    // SAFETY: every chunk below lies inside `[0, len)` of its range, which the caller
+    // guarantees valid; unaligned reads and writes need no alignment.
     unsafe {
         if len >= 32 {
             let (a, b) = (
