@@ -89,56 +89,6 @@ pub mod loom_knobs {
 // Backing store
 // ----------------------------------------------------------------------------------------------
 
-/// Copies up to this many bytes inline ([`move_small`]) rather than by a call to `memmove`: a
-/// small RDMA WRITE or SEND (the latency case) then moves its payload in four vector loads
-/// and stores.
-#[cfg(not(loom))]
-const SMALL_MOVE: usize = 64;
-
-/// `memmove` of `len <= SMALL_MOVE` bytes, inline: every byte is loaded before any is stored
-/// (two possibly overlapping chunks from each end of the range), so overlapping ranges are
-/// copied as `std::ptr::copy` copies them.
-///
-/// # Safety
-/// `src` must be valid for reads and `dst` for writes of `len` bytes (any alignment).
-#[cfg(not(loom))]
-#[inline(always)]
-unsafe fn move_small(src: *const u8, dst: *mut u8, len: usize) {
-    use std::ptr::{read_unaligned as rd, write_unaligned as wr};
-    // SAFETY: every chunk below lies inside `[0, len)` of its range, which the caller
-    // guarantees valid; unaligned reads and writes need no alignment.
-    unsafe {
-        if len >= 32 {
-            let (a, b) = (
-                rd(src.cast::<[u64; 4]>()),
-                rd(src.add(len - 32).cast::<[u64; 4]>()),
-            );
-            wr(dst.cast::<[u64; 4]>(), a);
-            wr(dst.add(len - 32).cast::<[u64; 4]>(), b);
-        } else if len >= 16 {
-            let (a, b) = (
-                rd(src.cast::<[u64; 2]>()),
-                rd(src.add(len - 16).cast::<[u64; 2]>()),
-            );
-            wr(dst.cast::<[u64; 2]>(), a);
-            wr(dst.add(len - 16).cast::<[u64; 2]>(), b);
-        } else if len >= 8 {
-            let (a, b) = (rd(src.cast::<u64>()), rd(src.add(len - 8).cast::<u64>()));
-            wr(dst.cast::<u64>(), a);
-            wr(dst.add(len - 8).cast::<u64>(), b);
-        } else if len >= 4 {
-            let (a, b) = (rd(src.cast::<u32>()), rd(src.add(len - 4).cast::<u32>()));
-            wr(dst.cast::<u32>(), a);
-            wr(dst.add(len - 4).cast::<u32>(), b);
-        } else if len > 0 {
-            let (a, b, c) = (*src, *src.add(len / 2), *src.add(len - 1));
-            *dst = a;
-            *dst.add(len / 2) = b;
-            *dst.add(len - 1) = c;
-        }
-    }
-}
-
 #[cfg(not(loom))]
 struct Backing {
     base: std::ptr::NonNull<u8>,
@@ -463,12 +413,7 @@ impl SharedRegion {
         // memory; `ptr::copy` allows overlap. The bytes are plain data with no invariants, so a
         // concurrent writer (another domain) can only garble the copied payload.
         unsafe {
-            let (from, to) = (src.byte_ptr(src_offset), self.byte_ptr(offset));
-            if len <= SMALL_MOVE {
-                move_small(from, to, len);
-            } else {
-                std::ptr::copy(from, to, len);
-            }
+            std::ptr::copy(src.byte_ptr(src_offset), self.byte_ptr(offset), len);
         }
         #[cfg(loom)]
         {
@@ -1192,42 +1137,6 @@ mod tests {
         assert_eq!(raw, [1, 2, 3, 4, 5, 6, 7, 8]);
         s.store_word::<4>(3, 0xdead_beef, Ordering::Release);
         assert_eq!(r.load_u32(64 + 28, Ordering::Acquire).unwrap(), 0xdead_beef);
-    }
-
-    /// `copy_from` moves every length up to past the inline limit like `memmove`
-    /// (`slice::copy_within`), overlapping or not, at every offset pair in a window, and
-    /// touches no byte outside the destination range.
-    #[test]
-    fn copies_every_small_length_like_memmove() {
-        let pattern: Vec<u8> = (0..256u32).map(|i| (i * 7 + 1) as u8).collect();
-        let r = SharedRegion::alloc(256).unwrap();
-        let other = SharedRegion::alloc(256).unwrap();
-        for len in 0..=80usize {
-            for src_off in [0usize, 1, 3, 8, 33, 70] {
-                for dst_off in [0usize, 1, 2, 7, 9, 31, 40, 71, 100] {
-                    // Within one region (overlapping for many of these) and across two.
-                    for same in [true, false] {
-                        r.write_bytes(0, &pattern).unwrap();
-                        other.write_bytes(0, &pattern).unwrap();
-                        let mut want = pattern.clone();
-                        let src_bytes = pattern[src_off..src_off + len].to_vec();
-                        if same {
-                            want.copy_within(src_off..src_off + len, dst_off);
-                            r.copy_from(dst_off, &r.clone(), src_off, len).unwrap();
-                        } else {
-                            want[dst_off..dst_off + len].copy_from_slice(&src_bytes);
-                            r.copy_from(dst_off, &other, src_off, len).unwrap();
-                        }
-                        let mut got = vec![0u8; 256];
-                        r.read_bytes(0, &mut got).unwrap();
-                        assert_eq!(
-                            got, want,
-                            "len {len} from {src_off} to {dst_off} same {same}"
-                        );
-                    }
-                }
-            }
-        }
     }
 
     #[test]
