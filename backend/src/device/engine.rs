@@ -95,7 +95,7 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
     let Prepared { shared, mut poll } = p;
     let me = &*shared.waker;
     let mut events = Events::with_capacity(256);
-    let ctx = Ctx {
+    let mut ctx = Ctx {
         keys: EngineKeys::new(&keys),
         me: me.idx,
         engines: &engines,
@@ -140,6 +140,9 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
                 src.fired();
             }
         }
+        // Regions retired or deregistered since the last pass leave the key cache (mr.rs,
+        // `KeyCache`: a deregistration does not wait for the engine).
+        ctx.keys.sync();
         // While awake the engine looks at its poller without blocking: every pass when it
         // has sockets, every `KICK_POLL_PASSES` when only guests' event channels are there
         // (a control request or a frontend's death that arrives meanwhile is passed on to
@@ -221,6 +224,8 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
         }
         if !work && me.generation.load(Ordering::SeqCst) == seen && !me.stop.load(Ordering::SeqCst)
         {
+            // A sleeping engine holds no region (deregistered meanwhile or not).
+            ctx.keys.clear();
             me.sleeps.fetch_add(1, Ordering::Relaxed);
             let timeout = nap.then_some(RNR_NAP);
             match poll.poll(&mut events, timeout) {
@@ -243,6 +248,8 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
         idle_passes = 0;
         just_woke = true;
     }
+    // A stopped engine holds no region (a panicking one drops its cache while unwinding).
+    ctx.keys.clear();
     tracing::debug!(engine = me.idx, "engine stopped");
 }
 

@@ -401,8 +401,9 @@ fn source<'a>(data: &'a WqeData, segs: &'a SegList) -> Source<'a> {
 
 /// The common case of [`execute`] without its lists: an RDMA WRITE of one SGE that fits the
 /// budget, executed only if every check [`execute`] makes passes — the same checks, in the
-/// same order, by the same functions (`EngineKeys::local`, the peer's state,
-/// `EngineKeys::remote_checked`), and then the same single copy `mr::scatter` makes. `None`
+/// same order (`EngineKeys::local_ref`, the peer's state, `EngineKeys::remote_ref`: the same
+/// checks as `local`/`remote_checked` on segments that borrow their regions from the key
+/// cache, no reference counts), and then the same single copy `mr::scatter` makes. `None`
 /// (nothing written, nothing changed but the engine's key cache) for any other WQE and on any
 /// failed check: [`execute`] then does it all again and completes the WQE with its error.
 #[inline]
@@ -413,7 +414,7 @@ fn write_fast(ctx: &Ctx<'_>, qp: &Qp, s: &SendSide, w: &WqeRepr, budget: usize) 
     if w.opcode != WqeOpcode::RdmaWrite || sges[0].length as usize > budget {
         return None;
     }
-    let src = ctx.keys.local(qp.ch.id, qp.pd, &sges[0], false).ok()?;
+    let src = ctx.keys.local_ref(qp.ch.id, qp.pd, &sges[0], false).ok()?;
     let peer = s.peer.as_ref()?.upgrade()?;
     if peer.destroyed.load(Ordering::Relaxed)
         || !matches!(peer.state(), QpState::Rtr | QpState::Rts)
@@ -423,7 +424,7 @@ fn write_fast(ctx: &Ctx<'_>, qp: &Qp, s: &SendSide, w: &WqeRepr, budget: usize) 
     let len = src.len as u64;
     let dst = ctx
         .keys
-        .remote_checked(
+        .remote_ref(
             peer.ch.id,
             peer.pd,
             w.rkey,

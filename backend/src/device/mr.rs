@@ -9,14 +9,17 @@
 //! (channel and PD) and the access the operation needs; bounds are checked with overflow-free
 //! arithmetic.
 //!
-//! Engine threads look keys up through their own [`KeyCache`] ([`EngineKeys`]): no lock and no
-//! hash per work request, the same checks, and a deregistered key misses there as in the table.
+//! Engine threads look keys up through their own [`KeyCache`] ([`EngineKeys`]): no lock, no
+//! hash and no reference count per work request, the same checks, and a deregistered key
+//! misses there as in the table. A deregistration waits for no engine: an engine's cache lets
+//! go of a deregistered region within one pass of that engine ([`KeyCache`] says how).
 
-use std::cell::RefCell;
+use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock, Weak};
+use std::ops::Deref;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 
 use shared_ring::abi::control::access;
 use shared_ring::abi::cqe::CqeStatus;
@@ -43,16 +46,21 @@ pub(crate) struct Mr {
     dead: AtomicBool,
 }
 
-/// A checked byte range of a region.
+/// A checked byte range of a region. `Seg` (the default) holds the region; a [`SegRef`]
+/// borrows it from an engine's key cache for the length of one pass.
 #[derive(Debug, Clone)]
-pub(crate) struct Seg {
-    mr: Arc<Mr>,
+pub(crate) struct Seg<M = Arc<Mr>> {
+    mr: M,
     /// Offset in `mr.pages`.
     off: usize,
     pub(crate) len: usize,
 }
 
-impl Seg {
+/// A [`Seg`] that borrows its region from [`EngineKeys`] (no reference count touched): valid
+/// while the engine's keys are borrowed, i.e. within one pass.
+pub(crate) type SegRef<'a> = Seg<&'a Mr>;
+
+impl<M: Deref<Target = Mr>> Seg<M> {
     /// The mapped pages the segment lies in and its offset there (for system calls that
     /// move payload between a socket and the segment).
     pub(crate) fn region(&self) -> (&SharedRegion, usize) {
@@ -65,7 +73,7 @@ impl Seg {
     }
 
     /// Copies `len` bytes from `src` at `src_at` (relative to the segment) to `self` at `at`.
-    fn copy_from(&self, at: usize, src: &Seg, src_at: usize, len: usize) {
+    fn copy_from<N: Deref<Target = Mr>>(&self, at: usize, src: &Seg<N>, src_at: usize, len: usize) {
         // Both ranges were checked when the segments were resolved; an error here would be a
         // bug of ours, reported rather than trusted.
         if let Err(e) = self
@@ -141,7 +149,7 @@ impl<'a> Cursor<'a> {
 /// Copies all of `src` into `dst`, which is at least as long: what [`scatter`] does with one
 /// segment on each side.
 #[inline]
-pub(crate) fn copy_seg(dst: &Seg, src: &Seg) {
+pub(crate) fn copy_seg<D: Deref<Target = Mr>, S: Deref<Target = Mr>>(dst: &Seg<D>, src: &Seg<S>) {
     debug_assert!(dst.len >= src.len);
     dst.copy_from(0, src, 0, src.len);
 }
@@ -256,6 +264,10 @@ struct Keys {
 #[derive(Debug, Default)]
 pub(crate) struct KeyTable {
     inner: RwLock<Keys>,
+    /// Bumped by every [`Self::remove`] that removed a region (after its `dead` flag is set):
+    /// an engine that reads a new value drops the dead regions from its [`KeyCache`]
+    /// ([`EngineKeys::sync`]).
+    epoch: AtomicU64,
 }
 
 /// What to register (checked by the caller against limits).
@@ -299,6 +311,9 @@ impl KeyTable {
         Some(mr)
     }
 
+    /// Removes the region of `lkey` (if registered). Waits for no engine: a lookup that
+    /// starts after this returns misses, and every engine's cache lets go of the region at its
+    /// next pass ([`EngineKeys::sync`]) or sleep ([`EngineKeys::clear`]).
     pub(crate) fn remove(&self, lkey: u32) {
         let mut t = self.inner.write().unwrap_or_else(|e| e.into_inner());
         let number = lkey >> 1;
@@ -307,6 +322,9 @@ impl KeyTable {
                 // Before the deregistration returns: a cached lookup that starts after it
                 // sees the flag (`KeyCache::get`).
                 m.dead.store(true, Ordering::Release);
+                // After the flag (Release): an engine that reads the new epoch (Acquire)
+                // sees the flag too.
+                self.epoch.fetch_add(1, Ordering::Release);
             }
         }
     }
@@ -367,13 +385,14 @@ impl KeyTable {
 }
 
 /// Checks a local SGE against the region found for its lkey (owner, access, bounds).
-fn check_local(
-    mr: Option<Arc<Mr>>,
+#[inline]
+fn check_local<M: Deref<Target = Mr>>(
+    mr: Option<M>,
     ch: ChannelId,
     pd: PdId,
     sge: &Sge,
     write: bool,
-) -> Result<Seg, CqeStatus> {
+) -> Result<Seg<M>, CqeStatus> {
     let mr = mr
         .filter(|m| m.lkey == sge.lkey && m.ch == ch && m.pd == pd)
         .ok_or(CqeStatus::LocalProtectionError)?;
@@ -396,15 +415,16 @@ fn check_local(
 }
 
 /// Checks (`rkey`, `addr`, `len`) against the region found for `rkey` (owner, access, bounds).
-fn check_remote(
-    mr: Option<Arc<Mr>>,
+#[inline]
+fn check_remote<M: Deref<Target = Mr>>(
+    mr: Option<M>,
     ch: ChannelId,
     pd: PdId,
     rkey: u32,
     addr: u64,
     len: u64,
     need: u32,
-) -> Result<Seg, RemoteFault> {
+) -> Result<Seg<M>, RemoteFault> {
     let mr = mr
         .filter(|m| m.rkey == rkey && m.ch == ch && m.pd == pd)
         .ok_or(RemoteFault::Key)?;
@@ -427,66 +447,129 @@ fn check_remote(
 const CACHE_WAYS: usize = 8;
 
 /// An engine thread's cache of recent key lookups: what a lookup costs without the table's
-/// lock and hash — one load of the entry's key, a `Weak::upgrade` (one locked instruction, no
-/// more than the `Arc` clone every lookup pays) and one load of the region's `dead` flag.
+/// lock and hash — one load of the entry's key and one of the region's `dead` flag; a hit
+/// lends the region (no reference count touched, no locked instruction).
 ///
-/// Holding `Weak`s keeps no region mapped: a deregistered region whose last `Seg` is gone is
-/// unmapped as before, and its entry no longer upgrades. A region deregistered while a `Seg`
-/// still holds it (a message in pieces) upgrades, but its `dead` flag is set before
-/// [`KeyTable::remove`] returns, so a lookup that starts after the deregistration (the only
-/// kind the table itself guarantees to miss) sees it and misses too.
+/// The cache holds its regions (`Arc`s, so each holds the region's mapping), and lets them go
+/// without making anyone wait: [`KeyTable::remove`] sets the region's `dead` flag and then
+/// bumps the table's key epoch; every hit checks the flag, so a lookup that starts after the
+/// deregistration returned misses (as in the table) and the engine never uses the region
+/// again; the engine reads the epoch once per pass ([`EngineKeys::sync`], one load) and drops
+/// its dead entries when it moved; it empties the cache ([`EngineKeys::clear`]) before it
+/// sleeps and when it stops, and dropping the cache (an engine thread that panics unwinds
+/// through it) lets go of everything too. So a deregistered region stays mapped after the
+/// DeregMr reply for at most the rest of the pass of each engine that caches it, at most
+/// `CACHE_WAYS` regions per engine (plus those a miss replaced during that pass) — the same
+/// class as a message in pieces, whose `Seg`s hold their regions until the message is done.
 #[derive(Default)]
 pub(crate) struct KeyCache {
-    ways: [Option<(u32, Weak<Mr>)>; CACHE_WAYS],
+    ways: [Option<(u32, Arc<Mr>)>; CACHE_WAYS],
+    /// Regions a miss replaced during this pass: references lent out earlier in the pass may
+    /// still point into them. Emptied only by the `&mut` methods of [`EngineKeys`].
+    retired: Vec<Arc<Mr>>,
+    /// The key epoch last seen ([`EngineKeys::sync`]).
+    epoch: u64,
 }
 
 impl KeyCache {
-    /// The region of `key`: the cached one if it is still registered, else the table's
-    /// (then cached). The hit is inlined into the engine's per-WQE path; the miss is not.
+    /// The way of `key` if it holds the live region of `key`, else the table's (then cached;
+    /// the entry it replaces is retired, not dropped). The hit is inlined into the engine's
+    /// per-WQE path; the miss is not.
     #[inline(always)]
-    fn get(&mut self, table: &KeyTable, key: u32) -> Option<Arc<Mr>> {
+    fn get(&mut self, table: &KeyTable, key: u32) -> Option<&Arc<Mr>> {
         // By the whole key: a region's lkey and rkey (numbers 2n, 2n + 1) take two ways.
-        let way = &mut self.ways[key as usize % CACHE_WAYS];
-        if let Some((k, w)) = way {
-            if *k == key {
-                if let Some(m) = w.upgrade() {
-                    // Acquire: pairs with `remove`'s release store of the flag.
-                    if !m.dead.load(Ordering::Acquire) {
-                        return Some(m);
-                    }
-                }
-            }
+        let i = key as usize % CACHE_WAYS;
+        // Acquire: pairs with `remove`'s release store of the flag.
+        let hit =
+            matches!(&self.ways[i], Some((k, m)) if *k == key && !m.dead.load(Ordering::Acquire));
+        if !hit {
+            self.miss(table, key);
         }
-        Self::miss(way, table, key)
+        self.ways[i].as_ref().map(|(_, m)| m)
     }
 
     /// [`Self::get`] when the way does not hold a live region of `key`: the table's, cached.
     #[cold]
     #[inline(never)]
-    fn miss(way: &mut Option<(u32, Weak<Mr>)>, table: &KeyTable, key: u32) -> Option<Arc<Mr>> {
+    fn miss(&mut self, table: &KeyTable, key: u32) {
         let m = table.get(key);
-        *way = m.as_ref().map(|m| (key, Arc::downgrade(m)));
-        m
+        let way = &mut self.ways[key as usize % CACHE_WAYS];
+        if let Some((_, old)) = way.take() {
+            self.retired.push(old);
+        }
+        *way = m.map(|m| (key, m));
     }
 }
 
 /// The key table as one engine thread sees it: lookups go through its [`KeyCache`].
+///
+/// Not `Sync` (the cache is an `UnsafeCell`): only the engine's thread uses it.
 pub(crate) struct EngineKeys<'a> {
     table: &'a KeyTable,
-    cache: RefCell<KeyCache>,
+    cache: UnsafeCell<KeyCache>,
 }
 
 impl<'a> EngineKeys<'a> {
     pub(crate) fn new(table: &'a KeyTable) -> Self {
         Self {
             table,
-            cache: RefCell::new(KeyCache::default()),
+            cache: UnsafeCell::new(KeyCache::default()),
         }
     }
 
+    /// The region of `key`, lent for as long as `self` is borrowed.
     #[inline(always)]
-    fn get(&self, key: u32) -> Option<Arc<Mr>> {
-        self.cache.borrow_mut().get(self.table, key)
+    fn get(&self, key: u32) -> Option<&Mr> {
+        // SAFETY: `EngineKeys` is not `Sync` and this is the only place that makes a reference
+        // into the cache from `&self`, and it does not escape the call: no other reference to
+        // the cache exists meanwhile. The `&Mr` returned points into the region's `Arc`
+        // allocation, not into the cache, and that `Arc` stays alive while `self` is borrowed:
+        // a miss moves a replaced `Arc` to `retired` instead of dropping it, and only `sync`
+        // and `clear`, which take `&mut self` (so no lent reference is alive), drop entries.
+        let c = unsafe { &mut *self.cache.get() };
+        c.get(self.table, key).map(|m| {
+            let p: *const Mr = &**m;
+            // SAFETY: see above: the allocation outlives the borrow of `self`.
+            unsafe { &*p }
+        })
+    }
+
+    /// The region of `key`, held (for a segment that outlives the pass).
+    #[inline]
+    fn get_owned(&self, key: u32) -> Option<Arc<Mr>> {
+        // SAFETY: as in `get`; the reference does not escape the call.
+        let c = unsafe { &mut *self.cache.get() };
+        c.get(self.table, key).cloned()
+    }
+
+    /// Once per engine pass: lets go of the regions retired during the last pass and, if the
+    /// key epoch moved, of the deregistered ones. One load when nothing was deregistered.
+    #[inline]
+    pub(crate) fn sync(&mut self) {
+        let c = self.cache.get_mut();
+        if !c.retired.is_empty() {
+            c.retired.clear();
+        }
+        // Acquire: pairs with `remove`'s bump, which follows its store of the `dead` flag.
+        let e = self.table.epoch.load(Ordering::Acquire);
+        if e != c.epoch {
+            for way in &mut c.ways {
+                if way
+                    .as_ref()
+                    .is_some_and(|(_, m)| m.dead.load(Ordering::Acquire))
+                {
+                    *way = None;
+                }
+            }
+            c.epoch = e;
+        }
+    }
+
+    /// Empties the cache (before the engine sleeps, and when it stops).
+    pub(crate) fn clear(&mut self) {
+        let c = self.cache.get_mut();
+        c.ways = Default::default();
+        c.retired.clear();
     }
 
     /// Resolves a local SGE of a QP of (`ch`, `pd`); `write` when the engine will write it.
@@ -497,6 +580,18 @@ impl<'a> EngineKeys<'a> {
         sge: &Sge,
         write: bool,
     ) -> Result<Seg, CqeStatus> {
+        check_local(self.get_owned(sge.lkey), ch, pd, sge, write)
+    }
+
+    /// [`Self::local`], borrowing the region for the pass.
+    #[inline]
+    pub(crate) fn local_ref(
+        &self,
+        ch: ChannelId,
+        pd: PdId,
+        sge: &Sge,
+        write: bool,
+    ) -> Result<SegRef<'_>, CqeStatus> {
         check_local(self.get(sge.lkey), ch, pd, sge, write)
     }
 
@@ -526,6 +621,20 @@ impl<'a> EngineKeys<'a> {
         len: u64,
         need: u32,
     ) -> Result<Seg, RemoteFault> {
+        check_remote(self.get_owned(rkey), ch, pd, rkey, addr, len, need)
+    }
+
+    /// [`Self::remote_checked`], borrowing the region for the pass.
+    #[inline]
+    pub(crate) fn remote_ref(
+        &self,
+        ch: ChannelId,
+        pd: PdId,
+        rkey: u32,
+        addr: u64,
+        len: u64,
+        need: u32,
+    ) -> Result<SegRef<'_>, RemoteFault> {
         check_remote(self.get(rkey), ch, pd, rkey, addr, len, need)
     }
 }

@@ -5,6 +5,8 @@ use shared_ring::abi::cqe::CqeStatus;
 use shared_ring::abi::wqe::Sge;
 use shared_ring::SharedRegion;
 
+use std::sync::Arc;
+
 use super::mr::{scatter, EngineKeys, KeyTable, NewMr, Source};
 use super::{ChannelId, PdId};
 
@@ -112,6 +114,118 @@ fn engine_key_cache_misses_a_key_deregistered_while_a_segment_holds_its_region()
         "a cached rkey resolved after its deregistration"
     );
     drop((held, held_r));
+}
+
+/// A region as `mr` makes it, with a `Weak` that tells whether anything still holds it.
+fn mr_weak(t: &KeyTable) -> (std::sync::Weak<super::mr::Mr>, u32, u32) {
+    let m = t
+        .insert(
+            NewMr {
+                ch: ChannelId(1),
+                pd: PdId(2),
+                pages: SharedRegion::alloc(8192).unwrap(),
+                base: 0,
+                len: 1000,
+                iova: 0x10_000,
+                access: access::ALL,
+            },
+            16,
+        )
+        .unwrap();
+    (Arc::downgrade(&m), m.lkey, m.rkey)
+}
+
+fn sge8(lkey: u32) -> Sge {
+    Sge {
+        offset: 0,
+        length: 8,
+        lkey,
+    }
+}
+
+#[test]
+fn engine_key_cache_lends_regions_and_misses_a_deregistered_key() {
+    let t = KeyTable::default();
+    let (_w, lkey, rkey) = mr_weak(&t);
+    let keys = EngineKeys::new(&t);
+    let (ch, pd, wr) = (ChannelId(1), PdId(2), access::REMOTE_WRITE);
+    assert!(keys.local_ref(ch, pd, &sge8(lkey), false).is_ok());
+    assert!(keys.remote_ref(ch, pd, rkey, 0x10_000, 8, wr).is_ok());
+    // Owner and bounds are checked on a lent hit too.
+    assert!(keys
+        .local_ref(ChannelId(9), pd, &sge8(lkey), false)
+        .is_err());
+    assert!(keys.remote_ref(ch, pd, rkey, 0x10_000, 1001, wr).is_err());
+    t.remove(lkey);
+    assert_eq!(
+        keys.local_ref(ch, pd, &sge8(lkey), false).map(|_| ()),
+        Err(CqeStatus::LocalProtectionError),
+        "a cached lkey lent after its deregistration"
+    );
+    assert!(
+        keys.remote_ref(ch, pd, rkey, 0x10_000, 8, wr).is_err(),
+        "a cached rkey lent after its deregistration"
+    );
+}
+
+#[test]
+fn engine_key_cache_lets_go_of_a_deregistered_region_at_its_next_sync() {
+    let t = KeyTable::default();
+    let (w, lkey, _) = mr_weak(&t);
+    let mut keys = EngineKeys::new(&t);
+    assert!(keys
+        .local_ref(ChannelId(1), PdId(2), &sge8(lkey), false)
+        .is_ok());
+    t.remove(lkey);
+    assert!(
+        w.upgrade().is_some(),
+        "the cache holds the region until it syncs"
+    );
+    keys.sync();
+    assert!(
+        w.upgrade().is_none(),
+        "the cache still holds a deregistered region"
+    );
+    // A region still registered stays cached across a sync (the hit needs no table).
+    let (w2, lkey2, _) = mr_weak(&t);
+    assert!(keys
+        .local_ref(ChannelId(1), PdId(2), &sge8(lkey2), false)
+        .is_ok());
+    t.remove(lkey2 ^ 0x100); // no such key: the epoch does not move
+    keys.sync();
+    assert!(w2.upgrade().is_some());
+    // Emptied before the engine says it sleeps (deregistered meanwhile, not synced).
+    t.remove(lkey2);
+    assert!(w2.upgrade().is_some());
+    keys.clear();
+    assert!(w2.upgrade().is_none(), "clear left a region in the cache");
+}
+
+#[test]
+fn engine_key_cache_keeps_a_lent_region_alive_when_a_miss_replaces_it() {
+    let t = KeyTable::default();
+    // Key numbers 1..=5: lkeys 2 and 10 take the same way of the cache.
+    let regions: Vec<_> = (0..5).map(|_| mr_weak(&t)).collect();
+    let (wa, la, _) = &regions[0];
+    let (_, lb, _) = &regions[4];
+    assert_eq!(la % 8, lb % 8, "test setup: the two lkeys share a way");
+    let mut keys = EngineKeys::new(&t);
+    let (ch, pd) = (ChannelId(1), PdId(2));
+    let a = keys.local_ref(ch, pd, &sge8(*la), false).unwrap();
+    t.remove(*la);
+    // The miss on B replaces A's entry while `a` is lent: A must stay alive.
+    let b = keys.local_ref(ch, pd, &sge8(*lb), false).unwrap();
+    assert!(
+        wa.upgrade().is_some(),
+        "a lent region was dropped by a miss"
+    );
+    assert_eq!((a.lkey(), b.lkey()), (*la, *lb));
+    // The pass ends (`a` and `b` are not used after this point).
+    keys.sync();
+    assert!(
+        wa.upgrade().is_none(),
+        "the retired region outlived the pass"
+    );
 }
 
 #[test]
@@ -290,4 +404,126 @@ fn one_sge_write_is_checked_like_any_write() {
             }
         }
     }
+}
+
+/// Memory whose keep-alive says when the last handle to it went, as a platform's grant mapping
+/// is unmapped when the last handle goes.
+fn tracked_pages(bytes: usize) -> (SharedRegion, Arc<std::sync::atomic::AtomicBool>) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    struct Mapping {
+        _mem: Box<[u64]>,
+        gone: Arc<AtomicBool>,
+    }
+    impl Drop for Mapping {
+        fn drop(&mut self) {
+            self.gone.store(true, Ordering::SeqCst);
+        }
+    }
+    let mut mem = vec![0u64; bytes / 8].into_boxed_slice();
+    let base = std::ptr::NonNull::new(mem.as_mut_ptr().cast::<u8>()).expect("non-null");
+    let gone = Arc::new(AtomicBool::new(false));
+    let keep = Mapping {
+        _mem: mem,
+        gone: gone.clone(),
+    };
+    // SAFETY: `base` points at the `bytes` bytes of `mem`'s heap allocation, which `keep`
+    // owns (moving the box does not move them) and frees only when dropped; nothing but the
+    // region touches them.
+    let r = unsafe { SharedRegion::from_raw_parts(base, bytes, Box::new(keep)) }.expect("region");
+    (r, gone)
+}
+
+/// Waits (bounded) until `gone` is set.
+fn unmapped_within(gone: &std::sync::atomic::AtomicBool, limit: std::time::Duration) -> bool {
+    let start = std::time::Instant::now();
+    while !gone.load(std::sync::atomic::Ordering::SeqCst) {
+        if start.elapsed() > limit {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    true
+}
+
+/// A region deregistered while an awake engine's key cache holds it is let go by that engine
+/// at its next pass (`EngineKeys::sync`): the deregistration itself waits for nobody, and the
+/// engine here spins for an hour, so nothing else (no sleep, no stop) empties its cache.
+#[test]
+fn a_spinning_engine_lets_go_of_a_region_deregistered_while_cached() {
+    use super::testkit::{wqe, Loopback};
+    use super::{Device, MrSetup};
+    use shared_ring::abi::wqe::WqeOpcode;
+    use std::time::Duration;
+
+    let mut l = Loopback::new(4096);
+    let (pages, gone) = tracked_pages(4096);
+    let iova = 0x7000_0000;
+    let keys = l
+        .dev
+        .reg_mr(
+            l.ch.id,
+            MrSetup {
+                pd: l.ch.pd,
+                pages,
+                writable: true,
+                first_page_offset: 0,
+                length: 4096,
+                iova,
+                access: access::ALL,
+            },
+        )
+        .expect("reg_mr");
+    // A WRITE into the region: the engine's cache now holds it (both keys, src and target).
+    let w = wqe(
+        WqeOpcode::RdmaWrite,
+        7,
+        &[l.src.sge(0, 64)],
+        (iova, keys.rkey),
+        0,
+    );
+    l.qp.post_send(&l.dev, &w);
+    assert_eq!(l.cq.wait(&l.dev).status, CqeStatus::Success);
+    assert!(!gone.load(std::sync::atomic::Ordering::SeqCst));
+    let start = std::time::Instant::now();
+    l.dev.dereg_mr(l.ch.id, keys.handle).expect("dereg_mr");
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "the deregistration waited for the engine"
+    );
+    assert!(
+        unmapped_within(&gone, Duration::from_secs(5)),
+        "a spinning engine still maps a region deregistered 5 s ago"
+    );
+    // Its rkey misses now, as any unknown key.
+    l.qp.post_send(&l.dev, &w);
+    assert_eq!(l.cq.wait(&l.dev).status, CqeStatus::RemoteAccessError);
+}
+
+/// An engine thread that panics lets go of its cached regions while it unwinds, as one that
+/// stops does (`EngineKeys::clear` at the end of the engine loop).
+#[test]
+fn an_engine_thread_that_dies_lets_go_of_its_cached_regions() {
+    let t = KeyTable::default();
+    let (w, lkey, _) = mr_weak(&t);
+    let died = std::thread::scope(|s| {
+        s.spawn(|| {
+            let keys = EngineKeys::new(&t);
+            assert!(keys
+                .local_ref(ChannelId(1), PdId(2), &sge8(lkey), false)
+                .is_ok());
+            // Deregistered meanwhile: only the cache holds it now.
+            t.remove(lkey);
+            assert!(
+                w.upgrade().is_some(),
+                "test setup: the cache holds the region"
+            );
+            panic!("engine bug");
+        })
+        .join()
+    });
+    assert!(died.is_err());
+    assert!(
+        w.upgrade().is_none(),
+        "a dead engine thread still holds a cached region"
+    );
 }
