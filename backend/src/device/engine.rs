@@ -201,7 +201,7 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
             }
             working += usize::from(worked);
             did |= worked;
-            moved += per_channel - budget;
+            moved += per_channel.saturating_sub(budget);
         }
         kick_units = kick_units.saturating_add(1 + moved / exec::PASS_BYTES);
         if working >= 2 {
