@@ -727,3 +727,54 @@ fn per_qp_counters_follow_the_work_and_go_with_the_qp() {
     dev.close_channel(p.a.id);
     assert!(dev.domain_qp_stats(DomId(1)).is_empty());
 }
+
+/// A domain whose channels three engines serve: each engine counts the domain's WRITEs in its
+/// own shard, and the domain's counters, read right after each CQE is polled, include every
+/// engine's (docs/benchmarks.md, "Seventh round").
+#[test]
+fn domain_counters_add_every_engines_writes_right_after_the_cqe() {
+    use vrdma_backend::device::DomId;
+    let dev = SoftDevice::new(EngineConfig {
+        threads: 3,
+        ..EngineConfig::default()
+    })
+    .expect("device");
+    // Channels go to the engines round-robin: three of domain 1 (with a QP pair each: local
+    // to the channel, so one engine executes each WRITE) land on engines 0, 1 and 2.
+    let mut chans: Vec<_> = (0..3)
+        .map(|_| TestChannel::open(&dev, 1, ChannelMode::Bypass))
+        .collect();
+    let mut total = (0u64, 0u64);
+    for (i, c) in chans.iter_mut().enumerate() {
+        let mut cq = c.cq(&dev, 8);
+        let mut a = c.qp(&dev, &cq, &cq, 4);
+        let b = c.qp(&dev, &cq, &cq, 4);
+        connect(&dev, &a, &b);
+        let local = c.mr(&dev, 4096, ALL);
+        let remote = c.mr(&dev, 4096, ALL);
+        for k in 0..=i as u32 {
+            let len = 64 + 8 * (i as u32) + k;
+            let w = wqe(
+                WqeOpcode::RdmaWrite,
+                u64::from(k),
+                &[local.sge(0, len)],
+                (remote.iova, remote.keys.rkey),
+                0,
+            );
+            a.post_send(&dev, &w);
+            assert_eq!(cq.wait(&dev).status, CqeStatus::Success);
+            total = (total.0 + 1, total.1 + u64::from(len));
+            let d = dev.domain_stats(DomId(1));
+            assert_eq!((d.ops, d.bytes), total, "channel {i}, WRITE {k}");
+            let s = dev.stats(c.id);
+            assert_eq!(
+                (s.ops, s.bytes),
+                (
+                    u64::from(k) + 1,
+                    (0..=k).map(|j| u64::from(64 + 8 * i as u32 + j)).sum()
+                )
+            );
+        }
+    }
+    assert_eq!(total.0, 6);
+}

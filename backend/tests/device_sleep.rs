@@ -269,3 +269,62 @@ fn a_blocked_send_on_another_engine_wakes_when_the_recv_is_posted() {
     assert_eq!(acq.wait(&dev).wr_id, 1);
     assert_eq!(bcq.wait(&dev).wr_id, 2);
 }
+
+/// An engine that never runs out of work still looks at its poller: the guest's event (a
+/// control request, or the frontend's death) is consumed while a bulk transfer is still
+/// copying, not after it (`engine::KICK_POLL_UNITS`).
+#[test]
+fn a_busy_engine_consumes_the_guests_event_while_it_copies() {
+    let (notify, source) = UnixStream::pair().unwrap();
+    source.set_nonblocking(true).unwrap();
+    let source = Arc::new(Source {
+        sock: source,
+        fired: AtomicU64::new(0),
+    });
+    let dev = SoftDevice::new(EngineConfig {
+        threads: 1,
+        spin: Duration::from_secs(3600),
+    })
+    .unwrap();
+    let mut a =
+        TestChannel::open_with_kick_source(&dev, 1, ChannelMode::Bypass, Some(source.clone()));
+    let mut cq = a.cq(&dev, 6);
+    let mut qp = a.qp(&dev, &cq, &cq, 6);
+    dev.connect_qp(a.id, qp.num, qp.num).unwrap();
+    const HALF: u32 = 16 << 20;
+    let m = a.mr(&dev, 2 * u64::from(HALF), access::ALL);
+    // The pending event of the open is consumed first.
+    wait_until(|| source.fired.load(Ordering::SeqCst) > 0);
+    let before = source.fired.load(Ordering::SeqCst);
+    let write = |i| {
+        wqe(
+            WqeOpcode::RdmaWrite,
+            i,
+            &[m.sge(0, HALF)],
+            (m.iova + u64::from(HALF), m.keys.rkey),
+            0,
+        )
+    };
+    // 32 WRITEs of 16 MiB in flight (512 MiB of copying, in passes of at most 256 KiB),
+    // topped up as each completes: the engine never finds its SQ empty.
+    for i in 0..32 {
+        qp.post_send(&dev, &write(i));
+    }
+    let mut next = 32;
+    assert_eq!(cq.wait(&dev).status, CqeStatus::Success);
+    qp.post_send(&dev, &write(next));
+    (&notify).write_all(&[1]).unwrap();
+    let start = Instant::now();
+    while source.fired.load(Ordering::SeqCst) == before {
+        assert!(
+            start.elapsed() < HANG,
+            "a busy engine never consumed the guest's event"
+        );
+        assert_eq!(cq.wait(&dev).status, CqeStatus::Success);
+        next += 1;
+        qp.post_send(&dev, &write(next));
+    }
+    for _ in 0..32 {
+        assert_eq!(cq.wait(&dev).status, CqeStatus::Success);
+    }
+}

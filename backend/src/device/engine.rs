@@ -17,6 +17,12 @@
 //! it did work. A guest that floods its event channel therefore costs one pass over the
 //! engine's QPs per wake-up, not `spin` of busy polling per kick.
 //!
+//! While it spins, the passes right after work are kept free of what would make a post that
+//! arrives then wait: the clock is read every [`CLOCK_PASSES`] idle passes, not before the
+//! first `CLOCK_PASSES`; the first [`EAGER_PASSES`] idle passes do not `pause`; and the poller
+//! (a system call) is looked at every `CLOCK_PASSES` idle passes or after
+//! [`KICK_POLL_UNITS`] of work, not every few passes (docs/benchmarks.md, "Seventh round").
+//!
 //! Each pass serves every channel in turn with a byte budget, and the QPs of a channel from a
 //! rotating start, so a channel moving huge messages delays another's by one budget's worth of
 //! copying per pass, whatever its message sizes or QP count. The budget is
@@ -46,9 +52,17 @@ pub(crate) const SHARED_PASSES: usize = 256;
 /// Idle passes between two looks at the clock while spinning.
 const CLOCK_PASSES: u32 = 64;
 
-/// Passes between two looks at the poller of an awake engine whose poller holds guests'
-/// event channels but no sockets.
-const KICK_POLL_PASSES: usize = 64;
+/// Work units (a pass, and one more per [`exec::PASS_BYTES`] it moved) between two looks at
+/// the poller of an awake engine whose poller holds guests' event channels but no sockets,
+/// while it keeps finding work (an idle one looks every [`CLOCK_PASSES`] idle passes). A look
+/// is a system call (`epoll_wait`); one every 64 passes cost a ping-pong ≈ 20 ns per round
+/// trip (docs/benchmarks.md, "Seventh round"). Bounds what a control request or a frontend's
+/// death waits while the engine is busy: ≈ 1000 passes of a ping-pong (tens of µs), ≈ 8 MiB
+/// of copying for a hog.
+const KICK_POLL_UNITS: usize = 1024;
+
+/// Idle passes after work that do not `pause`: a ping-pong's next post arrives within them.
+const EAGER_PASSES: u32 = CLOCK_PASSES;
 
 /// Longest sleep of an engine whose QP waits for a RECV at another engine's QP.
 pub(crate) const RNR_NAP: Duration = Duration::from_millis(1);
@@ -116,6 +130,8 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
     let mut just_woke = true;
     // Whether a channel's kick source (the guest's event channel) is in the poller.
     let mut kick_sources = false;
+    // Work since the engine last looked at its poller: passes, plus one per `PASS_BYTES` moved.
+    let mut kick_units = KICK_POLL_UNITS;
     tracing::debug!(engine = me.idx, "engine started");
     while !me.stop.load(Ordering::Acquire) {
         let g = me.generation.load(Ordering::SeqCst);
@@ -144,12 +160,14 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
         // `KeyCache`: a deregistration does not wait for the engine).
         ctx.keys.sync();
         // While awake the engine looks at its poller without blocking: every pass when it
-        // has sockets, every `KICK_POLL_PASSES` when only guests' event channels are there
-        // (a control request or a frontend's death that arrives meanwhile is passed on to
-        // the daemon from here; the guest does not kick an engine that is awake).
+        // has sockets; when only guests' event channels are there, after `KICK_POLL_UNITS` of
+        // work or every `CLOCK_PASSES` idle passes (a control request or a frontend's death
+        // that arrives meanwhile is passed on to the daemon from here; the guest does not kick
+        // an engine that is awake).
         let polled = if !sockets.is_empty() {
             sockets.poll_now(&mut poll, &mut events)
-        } else if kick_sources && pass % KICK_POLL_PASSES == 0 {
+        } else if kick_sources && kick_units >= KICK_POLL_UNITS {
+            kick_units = 0;
             poll.poll(&mut events, Some(Duration::ZERO)).is_ok()
         } else {
             false
@@ -165,6 +183,7 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
             exec::SOLO_BYTES
         };
         let mut working = 0;
+        let mut moved = 0;
         for r in &ranges {
             let mine = &qps[r.clone()];
             let mut budget = per_channel;
@@ -185,7 +204,9 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
             }
             working += usize::from(worked);
             did |= worked;
+            moved += per_channel.saturating_sub(budget);
         }
+        kick_units = kick_units.saturating_add(1 + moved / exec::PASS_BYTES);
         if working >= 2 {
             last_shared = pass;
         }
@@ -196,14 +217,26 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
             continue;
         }
         if !just_woke {
-            // Reading the clock costs as much as an idle pass: look at it every
-            // `CLOCK_PASSES` idle passes only (the spin ends that much later at most).
+            // Reading the clock costs more than an idle pass (56–370 ns on a VM): look at it
+            // every `CLOCK_PASSES` idle passes only, and not before the first `CLOCK_PASSES`
+            // (the spin ends that much later at most). Not on the first idle pass after work
+            // either: that is when a ping-pong's next post arrives, and it would wait for the
+            // clock (docs/benchmarks.md, "Seventh round"). Nor `pause` in those first passes.
             idle_passes = idle_passes.wrapping_add(1);
-            if idle_passes % CLOCK_PASSES != 1 {
-                std::hint::spin_loop();
+            if idle_passes % CLOCK_PASSES != 0 {
+                if idle_passes > EAGER_PASSES {
+                    std::hint::spin_loop();
+                }
                 continue;
             }
-            let since = *idle_since.get_or_insert_with(Instant::now);
+            // An idle engine looks at its poller every `CLOCK_PASSES` idle passes too.
+            kick_units = KICK_POLL_UNITS;
+            let Some(since) = idle_since else {
+                // The spin is timed from here: one clock read, not two.
+                idle_since = Some(Instant::now());
+                std::hint::spin_loop();
+                continue;
+            };
             if since.elapsed() < spin {
                 std::hint::spin_loop();
                 continue;

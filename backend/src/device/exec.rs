@@ -217,7 +217,7 @@ fn run_sq_locked(ctx: &Ctx<'_>, qp: &Arc<Qp>, s: &mut SendSide, budget: &mut usi
                         Ok(w) if w.opcode != WqeOpcode::Recv => w,
                         _ => {
                             s.sq.release();
-                            qp.ch.stats.op_by_engine(0);
+                            qp.ch.stats.op_by_engine(ctx.me, 0);
                             qp.ch.stats.error();
                             qp.counters.send_locked(false, 0);
                             let c = cqe(qp, wr_id_of(&raw), CqeOpcode::Send, CqeStatus::BadWqe, 0);
@@ -254,7 +254,7 @@ fn run_sq_locked(ctx: &Ctx<'_>, qp: &Arc<Qp>, s: &mut SendSide, budget: &mut usi
                 *budget = budget.saturating_sub(if ok { len as usize } else { 0 });
                 // The engine serving the QP's channel, under the send lock: the counters
                 // without locked instructions (stats.rs).
-                qp.ch.stats.op_by_engine(if ok { len } else { 0 });
+                qp.ch.stats.op_by_engine(ctx.me, if ok { len } else { 0 });
                 if !ok {
                     qp.ch.stats.error();
                 }

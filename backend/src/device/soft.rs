@@ -411,9 +411,14 @@ impl Device for SoftDevice {
         let (doorbells, sleep, events) = init_channel_pages(&setup)?;
         let mut t = self.tables();
         let id = ChannelId(t.id());
-        let dom = t.domains.entry(setup.domid).or_default().clone();
+        let engines = self.inner.engines.len();
+        let dom = t
+            .domains
+            .entry(setup.domid)
+            .or_insert_with(|| Arc::new(Counters::with_shards(engines)))
+            .clone();
         let stats = ChanStats {
-            ch: Arc::new(Counters::default()),
+            ch: Arc::new(Counters::with_shards(1)),
             dom,
         };
         stats.acquire(Held::Channel);

@@ -2,9 +2,11 @@
 //! control path.
 //!
 //! The counts of the engine's send path, the hot one, go to counters that have a single
-//! writer (the channel's engine thread; for a QP, the holder of its send lock) and are bumped
-//! with a plain load and store instead of a locked read-modify-write (docs/benchmarks.md,
-//! "Fifth round"); a snapshot adds them to the shared ones.
+//! writer and are bumped with a plain load and store instead of a locked read-modify-write
+//! (docs/benchmarks.md, "Fifth round" and "Seventh round"); a snapshot adds them to the shared
+//! ones. The writers: for a channel, its engine thread; for a domain, whose channels may be
+//! served by any engine, each engine writes its own shard ([`Counters::with_shards`], one per
+//! engine, each on its own cache line); for a QP, the holder of its send lock.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -20,15 +22,25 @@ fn bump(c: &AtomicU64, n: u64) {
     c.store(c.load(Relaxed).wrapping_add(n), Relaxed);
 }
 
+/// The `ops` and `bytes` one engine's send path adds to a set of counters
+/// ([`ChanStats::op_by_engine`]): written only by that engine's thread. On its own 128-byte
+/// line (two lines on the CPUs that fetch lines in pairs), so that engines bumping one
+/// domain's shards do not pass a line between them.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Shard {
+    ops: AtomicU64,
+    bytes: AtomicU64,
+}
+
 /// One set of counters.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     ops: AtomicU64,
     bytes: AtomicU64,
-    /// `ops` and `bytes` of the channel's engine's send path ([`ChanStats::op_by_engine`]):
-    /// written only by that thread.
-    engine_ops: AtomicU64,
-    engine_bytes: AtomicU64,
+    /// Per engine (by index), what its send path counted here. Empty for a set that no
+    /// engine's send path bumps (the verbs device's).
+    shards: Box<[Shard]>,
     errors: AtomicU64,
     notifications: AtomicU64,
     events: AtomicU64,
@@ -42,16 +54,41 @@ pub(crate) struct Counters {
 }
 
 impl Counters {
+    /// A set with one single-writer shard per engine: `engines` is the device's engine count
+    /// for a domain's set (any engine may serve one of its channels), 1 for a channel's (only
+    /// its engine does, and bumps shard 0).
+    pub(crate) fn with_shards(engines: usize) -> Self {
+        Counters {
+            shards: (0..engines).map(|_| Shard::default()).collect(),
+            ..Counters::default()
+        }
+    }
+
+    /// Engine `idx`'s send path counts an operation: into the engine's own shard, without a
+    /// locked instruction; into the shared counters (locked) if the set has no such shard.
+    #[inline]
+    fn op_by(&self, idx: usize, bytes: u64) {
+        match self.shards.get(idx) {
+            Some(s) => {
+                bump(&s.ops, 1);
+                bump(&s.bytes, bytes);
+            }
+            None => {
+                self.ops.fetch_add(1, Relaxed);
+                self.bytes.fetch_add(bytes, Relaxed);
+            }
+        }
+    }
+
     pub(crate) fn snapshot(&self) -> DeviceStats {
+        let (mut ops, mut bytes) = (self.ops.load(Relaxed), self.bytes.load(Relaxed));
+        for s in self.shards.iter() {
+            ops = ops.wrapping_add(s.ops.load(Relaxed));
+            bytes = bytes.wrapping_add(s.bytes.load(Relaxed));
+        }
         DeviceStats {
-            ops: self
-                .ops
-                .load(Relaxed)
-                .wrapping_add(self.engine_ops.load(Relaxed)),
-            bytes: self
-                .bytes
-                .load(Relaxed)
-                .wrapping_add(self.engine_bytes.load(Relaxed)),
+            ops,
+            bytes,
             errors: self.errors.load(Relaxed),
             notifications: self.notifications.load(Relaxed),
             events: self.events.load(Relaxed),
@@ -94,16 +131,14 @@ impl ChanStats {
             c.bytes.fetch_add(bytes, Relaxed);
         });
     }
-    /// [`Self::op`] from the send path of the engine that serves the channel (its only
-    /// caller for this channel's counters: the channel's own counters are bumped without a
-    /// locked instruction; the domain's, shared with the domain's other channels and engines,
-    /// with one).
+    /// [`Self::op`] from the send path of engine `engine`, the one that serves the channel
+    /// (the only caller for this channel's counters, which it bumps in their shard 0; the
+    /// domain's, which other engines serving the domain's other channels bump too, in the
+    /// engine's own shard): no locked instruction.
     #[inline]
-    pub(crate) fn op_by_engine(&self, bytes: u64) {
-        bump(&self.ch.engine_ops, 1);
-        bump(&self.ch.engine_bytes, bytes);
-        self.dom.ops.fetch_add(1, Relaxed);
-        self.dom.bytes.fetch_add(bytes, Relaxed);
+    pub(crate) fn op_by_engine(&self, engine: usize, bytes: u64) {
+        self.ch.op_by(0, bytes);
+        self.dom.op_by(engine, bytes);
     }
     pub(crate) fn error(&self) {
         self.both(|c| {
@@ -222,26 +257,41 @@ impl QpCounters {
 mod tests {
     use super::*;
 
-    /// The engine's single-writer counts and the shared ones add up in every snapshot.
+    /// The engines' single-writer counts and the shared ones add up in every snapshot: the
+    /// channel's shard, each engine's shard of the domain (the last one too), and the shared
+    /// counters of a set without shards.
     #[test]
     fn engine_counts_and_shared_counts_add_up() {
-        let dom = Arc::new(Counters::default());
+        let dom = Arc::new(Counters::with_shards(3));
         let a = ChanStats {
-            ch: Arc::new(Counters::default()),
+            ch: Arc::new(Counters::with_shards(1)),
             dom: dom.clone(),
         };
         let b = ChanStats {
-            ch: Arc::new(Counters::default()),
+            ch: Arc::new(Counters::with_shards(1)),
             dom: dom.clone(),
         };
-        a.op_by_engine(64);
-        a.op_by_engine(0);
+        a.op_by_engine(0, 64);
+        a.op_by_engine(0, 0);
         a.op(100);
-        b.op_by_engine(7);
+        b.op_by_engine(2, 7);
         let (sa, sb, sd) = (a.ch.snapshot(), b.ch.snapshot(), dom.snapshot());
         assert_eq!((sa.ops, sa.bytes), (3, 164));
         assert_eq!((sb.ops, sb.bytes), (1, 7));
         assert_eq!((sd.ops, sd.bytes), (4, 171));
+        // Each engine in its own shard, none in the shared counters.
+        let per: Vec<_> = dom.shards.iter().map(|s| s.ops.load(Relaxed)).collect();
+        assert_eq!(per, [2, 0, 1]);
+        assert_eq!(dom.ops.load(Relaxed), 1);
+
+        // A set without shards (or an engine beyond them) counts in the shared counters.
+        let plain = ChanStats {
+            ch: Arc::new(Counters::default()),
+            dom: Arc::new(Counters::with_shards(1)),
+        };
+        plain.op_by_engine(5, 9);
+        let (sp, sq) = (plain.ch.snapshot(), plain.dom.snapshot());
+        assert_eq!((sp.ops, sp.bytes, sq.ops, sq.bytes), (1, 9, 1, 9));
 
         let q = QpCounters::default();
         q.send_locked(true, 64);
