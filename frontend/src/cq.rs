@@ -208,6 +208,13 @@ impl CompletionQueue {
         Ok(n)
     }
 
+    /// The CQ's poller, for benchmarks that drive the library's own rings with shared-ring's
+    /// code (`examples/lib_costs.rs`). Not for applications: it skips the CQE's validation.
+    #[doc(hidden)]
+    pub fn raw_poller(&mut self) -> &mut CqPoller {
+        &mut self.poller
+    }
+
     /// Whether a completion is waiting (bypass: a phase-bit read, no system call; mediated:
     /// unknown without a request, so `false` — poll instead).
     pub fn ready(&self) -> bool {

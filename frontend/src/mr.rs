@@ -104,6 +104,7 @@ impl MemoryRegion {
         self.len == 0
     }
     /// Local key (for SGEs).
+    #[inline]
     pub fn lkey(&self) -> u32 {
         self.e().lkey
     }
@@ -233,6 +234,7 @@ impl MrSlice<'_> {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+    #[inline]
     pub(crate) fn sge(&self) -> shared_ring::abi::wqe::Sge {
         shared_ring::abi::wqe::Sge {
             offset: self.offset,

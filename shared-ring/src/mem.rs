@@ -654,6 +654,27 @@ impl<const N: usize> SlotArray<N> {
         });
     }
 
+    /// [`Self::write_head_words`] with word `at` stored as `value` instead of `words[at]`, in
+    /// its place in the order: a slot body whose owner word says "not yet", stored straight
+    /// from the caller's words (no copy of them with the owner word changed, whose wide reloads
+    /// of narrower stores cost the post path store-forwarding stalls).
+    #[inline]
+    pub fn write_head_words_with<const W: usize>(
+        &self,
+        idx: u32,
+        words: &[u32; W],
+        at: usize,
+        value: u32,
+    ) {
+        let () = Self::VALID;
+        const { assert!(W * 4 <= N) };
+        self.region.with_words(self.slot_offset(idx), W * 4, |ws| {
+            for (i, (w, v)) in ws.iter().zip(words).enumerate() {
+                w.store(if i == at { value } else { *v }, Ordering::Relaxed);
+            }
+        });
+    }
+
     /// Loads the word at byte `OFF` of slot `idx` (masked).
     #[inline]
     pub fn load_word<const OFF: usize>(&self, idx: u32, order: Ordering) -> u32 {

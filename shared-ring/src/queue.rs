@@ -139,9 +139,8 @@ impl<const N: usize> Producer<N> {
                 // As in `write`: the body with the owner word saying "not yet", then the
                 // phase, released.
                 let ph = phase(idx, self.slots.count().trailing_zeros());
-                let mut body = *words;
-                body[off / 4] = ph ^ 1;
-                self.slots.write_head_words(idx, &body);
+                self.slots
+                    .write_head_words_with(idx, words, off / 4, ph ^ 1);
                 self.slots.store_word_at(idx, off, ph, Ordering::Release);
             }
         }

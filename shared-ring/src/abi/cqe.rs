@@ -49,6 +49,7 @@ pub enum CqeOpcode {
 }
 
 impl CqeOpcode {
+    #[inline]
     pub fn from_u8(v: u8) -> Result<Self, AbiError> {
         Ok(match v {
             1 => Self::Send,
@@ -87,6 +88,7 @@ pub enum CqeStatus {
 }
 
 impl CqeStatus {
+    #[inline]
     pub fn from_u8(v: u8) -> Result<Self, AbiError> {
         use CqeStatus::*;
         const ALL: [CqeStatus; 13] = [
@@ -183,6 +185,7 @@ pub struct CqeRepr {
 impl CqeRepr {
     /// Parses a CQE. A flush-error CQE may carry an opcode of 0 in real devices; ours always
     /// carries the opcode of the flushed WQE.
+    #[inline]
     pub fn parse<T: AsRef<[u8]>>(cqe: &Cqe<T>) -> Result<Self, AbiError> {
         check_len(cqe.buffer.as_ref().len(), CQE_LEN)?;
         if cqe.flags() & !flags::ALL != 0 {
@@ -229,6 +232,7 @@ impl CqeRepr {
     }
 
     /// Parses slot bytes.
+    #[inline]
     pub fn from_bytes(b: &[u8; CQE_LEN]) -> Result<Self, AbiError> {
         Self::parse(&Cqe::new_unchecked(&b[..]))
     }
