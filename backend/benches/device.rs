@@ -31,8 +31,9 @@ fn bare_cache_line(c: &mut Criterion) {
 }
 
 fn round_trip(l: &mut Loopback, len: u32) {
-    let w = l.write_wqe(len);
-    l.qp.sq.write(&w).unwrap();
+    // Built per post and stored as words, as the `vrdma` library posts.
+    let w = l.write_wqe_words(len);
+    l.qp.sq.write_words(&w).unwrap();
     if l.qp.sq.publish_and_check_kick(&mut l.qp.kick) {
         l.dev.kick(l.qp.ch);
     }

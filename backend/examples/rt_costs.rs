@@ -152,7 +152,7 @@ fn protocol(arm_check: bool) -> [f64; 3] {
 fn device() -> [f64; 3] {
     // The device's 4 KiB MRs; the channel and MRs stay alive (unmoved fields of `l`).
     let l = Loopback::new(4096);
-    let w = l.write_wqe(64);
+    let w = l.write_wqe_words(64);
     let Loopback {
         dev,
         mut cq,
@@ -160,7 +160,8 @@ fn device() -> [f64; 3] {
         ..
     } = l;
     spread(|| {
-        qp.sq.write(&w).unwrap();
+        // Stored as words, as the `vrdma` library posts.
+        qp.sq.write_words(&w).unwrap();
         if qp.sq.publish_and_check_kick(&mut qp.kick) {
             dev.kick(qp.ch);
         }

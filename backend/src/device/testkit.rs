@@ -437,6 +437,16 @@ impl Loopback {
 
     /// A signaled RDMA WRITE of the first `len` bytes of `src` to the start of `dst`.
     pub fn write_wqe(&self, len: u32) -> [u8; WQE_LEN] {
+        self.write_repr(len).to_bytes()
+    }
+
+    /// [`Self::write_wqe`] as the slot's sixteen words, the form the `vrdma` library posts
+    /// (`WqeRepr::to_words` + `Producer::write_words`).
+    pub fn write_wqe_words(&self, len: u32) -> [u32; WQE_LEN / 4] {
+        self.write_repr(len).to_words()
+    }
+
+    fn write_repr(&self, len: u32) -> WqeRepr {
         wqe(
             WqeOpcode::RdmaWrite,
             1,
@@ -444,6 +454,5 @@ impl Loopback {
             (self.dst.iova, self.dst.keys.rkey),
             0,
         )
-        .to_bytes()
     }
 }
