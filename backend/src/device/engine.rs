@@ -52,13 +52,14 @@ pub(crate) const SHARED_PASSES: usize = 256;
 /// Idle passes between two looks at the clock while spinning.
 const CLOCK_PASSES: u32 = 64;
 
-/// Work units (a pass, and one more per [`exec::PASS_BYTES`] it moved) between two looks at
-/// the poller of an awake engine whose poller holds guests' event channels but no sockets,
-/// while it keeps finding work (an idle one looks every [`CLOCK_PASSES`] idle passes). A look
-/// is a system call (`epoll_wait`); one every 64 passes cost a ping-pong ≈ 20 ns per round
-/// trip (docs/benchmarks.md, "Seventh round"). Bounds what a control request or a frontend's
-/// death waits while the engine is busy: ≈ 1000 passes of a ping-pong (tens of µs), ≈ 8 MiB
-/// of copying for a hog.
+/// Work units (a pass, one more per QP that found work in it and one more per
+/// [`exec::PASS_BYTES`] it moved) between two looks at the poller of an awake engine whose
+/// poller holds guests' event channels but no sockets, while it keeps finding work (an idle
+/// one looks every [`CLOCK_PASSES`] idle passes). A look is a system call (`epoll_wait`); one
+/// every 64 passes cost a ping-pong ≈ 20 ns per round trip (docs/benchmarks.md, "Seventh
+/// round"). Bounds what a control request or a frontend's death waits while the engine is
+/// busy: ≈ 500 passes of a ping-pong (tens of µs), at most 1024 QP turns of at most
+/// `exec::BUDGET` WQEs each however many QPs are busy, ≈ 8 MiB of copying for a hog.
 const KICK_POLL_UNITS: usize = 1024;
 
 /// Idle passes after work that do not `pause`: a ping-pong's next post arrives within them.
@@ -184,6 +185,7 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
         };
         let mut working = 0;
         let mut moved = 0;
+        let mut turns = 0;
         for r in &ranges {
             let mine = &qps[r.clone()];
             let mut budget = per_channel;
@@ -196,7 +198,9 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
                 if budget == 0 {
                     break;
                 }
-                worked |= exec::process_qp(&ctx, &mine[i], &mut budget);
+                let w = exec::process_qp(&ctx, &mine[i], &mut budget);
+                turns += usize::from(w);
+                worked |= w;
                 i += 1;
                 if i == n {
                     i = 0;
@@ -206,7 +210,7 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
             did |= worked;
             moved += per_channel.saturating_sub(budget);
         }
-        kick_units = kick_units.saturating_add(1 + moved / exec::PASS_BYTES);
+        kick_units = kick_units.saturating_add(1 + turns + moved / exec::PASS_BYTES);
         if working >= 2 {
             last_shared = pass;
         }
@@ -218,8 +222,8 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
         }
         if !just_woke {
             // Reading the clock costs more than an idle pass (56–370 ns on a VM): look at it
-            // every `CLOCK_PASSES` idle passes only, and not before the first `CLOCK_PASSES`
-            // (the spin ends that much later at most). Not on the first idle pass after work
+            // every `CLOCK_PASSES` idle passes only, the first read at the `CLOCK_PASSES`th only
+            // starting the timer (so the spin ends at most 2 × `CLOCK_PASSES` idle passes late). Not on the first idle pass after work
             // either: that is when a ping-pong's next post arrives, and it would wait for the
             // clock (docs/benchmarks.md, "Seventh round"). Nor `pause` in those first passes.
             idle_passes = idle_passes.wrapping_add(1);
