@@ -520,9 +520,11 @@ impl<'a> EngineKeys<'a> {
     /// The region of `key`, lent for as long as `self` is borrowed.
     #[inline(always)]
     fn get(&self, key: u32) -> Option<&Mr> {
-        // SAFETY: `EngineKeys` is not `Sync` and this is the only place that makes a reference
-        // into the cache from `&self`, and it does not escape the call: no other reference to
-        // the cache exists meanwhile. The `&Mr` returned points into the region's `Arc`
+        // SAFETY: `EngineKeys` is not `Sync`, so only this thread reaches the cache; the two
+        // places that make a `&mut` into it from `&self` (here and `get_owned`) do not let it
+        // escape the call, and `KeyCache::get` calls nothing that could reach back into
+        // `EngineKeys` (the table's read lock, a hash lookup, a `Vec` push; no region is
+        // dropped there): no other reference to the cache exists meanwhile. The `&Mr` returned points into the region's `Arc`
         // allocation, not into the cache, and that `Arc` stays alive while `self` is borrowed:
         // a miss moves a replaced `Arc` to `retired` instead of dropping it, and only `sync`
         // and `clear`, which take `&mut self` (so no lent reference is alive), drop entries.
