@@ -79,6 +79,19 @@ struct Source {
     fired: AtomicU64,
 }
 
+impl Source {
+    /// A source and the socket end the test notifies it through (one byte per event).
+    fn pair() -> (UnixStream, Arc<Source>) {
+        let (notify, sock) = UnixStream::pair().unwrap();
+        sock.set_nonblocking(true).unwrap();
+        let source = Arc::new(Source {
+            sock,
+            fired: AtomicU64::new(0),
+        });
+        (notify, source)
+    }
+}
+
 impl AsFd for Source {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.sock.as_fd()
@@ -98,12 +111,7 @@ fn the_guests_event_channel_wakes_the_engine_without_the_daemons_kick() {
     // The channel's kick source stands for the guest's event channel: a socket the test
     // writes one byte to per notification; the engine consumes it (`fired`).
     // `Device::kick` is never called: the engine must wake on the source alone.
-    let (notify, source) = UnixStream::pair().unwrap();
-    source.set_nonblocking(true).unwrap();
-    let source = Arc::new(Source {
-        sock: source,
-        fired: AtomicU64::new(0),
-    });
+    let (notify, source) = Source::pair();
     let dev = SoftDevice::new(EngineConfig {
         threads: 1,
         spin: Duration::ZERO,
@@ -167,13 +175,8 @@ fn an_event_pending_when_the_channel_opens_is_consumed() {
     // Many opens: the poller reports the pending event as soon as the source is registered,
     // while the device is still listing the channel.
     for _ in 0..200 {
-        let (notify, source) = UnixStream::pair().unwrap();
-        source.set_nonblocking(true).unwrap();
+        let (notify, source) = Source::pair();
         (&notify).write_all(&[1]).unwrap();
-        let source = Arc::new(Source {
-            sock: source,
-            fired: AtomicU64::new(0),
-        });
         let a =
             TestChannel::open_with_kick_source(&dev, 1, ChannelMode::Bypass, Some(source.clone()));
         assert!(dev.takes_kicks(a.id));
@@ -278,12 +281,7 @@ fn a_blocked_send_on_another_engine_wakes_when_the_recv_is_posted() {
 /// test's top-ups, so it still passes with the busy-time look alone disabled.
 #[test]
 fn a_busy_engine_consumes_the_guests_event_while_it_copies() {
-    let (notify, source) = UnixStream::pair().unwrap();
-    source.set_nonblocking(true).unwrap();
-    let source = Arc::new(Source {
-        sock: source,
-        fired: AtomicU64::new(0),
-    });
+    let (notify, source) = Source::pair();
     let dev = SoftDevice::new(EngineConfig {
         threads: 1,
         spin: Duration::from_secs(3600),
