@@ -150,22 +150,17 @@ fn protocol(arm_check: bool) -> [f64; 3] {
 }
 
 fn device() -> [f64; 3] {
-    // The device's 4 KiB MRs; the channel and MRs stay alive (unmoved fields of `l`).
-    let l = Loopback::new(4096);
-    let w = l.write_wqe_words(64);
-    let Loopback {
-        dev,
-        mut cq,
-        mut qp,
-        ..
-    } = l;
+    // The device's 4 KiB MRs.
+    let mut l = Loopback::new(4096);
     spread(|| {
-        // Stored as words, as the `vrdma` library posts.
-        qp.sq.write_words(&w).unwrap();
-        if qp.sq.publish_and_check_kick(&mut qp.kick) {
-            dev.kick(qp.ch);
+        // Built per post and stored as words, as the `vrdma` library posts (and the device
+        // bench).
+        let w = l.write_wqe_words(64);
+        l.qp.sq.write_words(&w).unwrap();
+        if l.qp.sq.publish_and_check_kick(&mut l.qp.kick) {
+            l.dev.kick(l.qp.ch);
         }
-        while cq.poller.poll_raw().is_none() {
+        while l.cq.poller.poll_raw().is_none() {
             spin_loop();
         }
     })

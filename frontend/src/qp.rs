@@ -9,8 +9,7 @@ use std::sync::Arc;
 
 use shared_ring::abi::control::{Reply, Request, MAX_QUEUE_LOG2};
 use shared_ring::abi::wqe::{
-    field as wqe_field, flags, Sge, WqeData, WqeOpcode, WqeRepr, MAX_INLINE, MAX_SGE, SGE_LEN,
-    WQE_LEN,
+    self, flags, Sge, WqeData, WqeOpcode, WqeRepr, MAX_INLINE, MAX_SGE, WQE_LEN,
 };
 use shared_ring::doorbell::EngineKick;
 use shared_ring::queue::QueueError;
@@ -748,23 +747,19 @@ impl WqeHead {
     }
 
     /// The WQE's words with this head and the data's counts (`shared_ring::abi::wqe`'s
-    /// layout, word `i` holding bytes `4 i .. 4 i + 4` in native order, as
-    /// `WqeRepr::to_words`); the payload words are left to the caller.
+    /// builder, [`wqe::WqeHead::words`]); the payload words are left to the caller.
     #[inline(always)]
     fn words(&self, flags: u8, num_sge: u8, inline_len: u8) -> [u32; WQE_LEN / 4] {
-        let w = |v: u32| u32::from_ne_bytes(v.to_le_bytes());
-        let (addr, rkey) = self.remote.map_or((0, 0), |r| (r.addr, r.rkey));
-        let mut words = [0u32; WQE_LEN / 4];
-        words[wqe_field::OPCODE / 4] =
-            u32::from_ne_bytes([self.opcode as u8, flags, num_sge, inline_len]);
-        words[wqe_field::IMM_DATA / 4] = w(self.imm_data);
-        words[wqe_field::WR_ID / 4] = w(self.wr_id as u32);
-        words[wqe_field::WR_ID / 4 + 1] = w((self.wr_id >> 32) as u32);
-        words[wqe_field::REMOTE_ADDR / 4] = w(addr as u32);
-        words[wqe_field::REMOTE_ADDR / 4 + 1] = w((addr >> 32) as u32);
-        words[wqe_field::RKEY / 4] = w(rkey);
-        // The owner word stays 0: the queue stores the phase.
-        words
+        let (remote_addr, rkey) = self.remote.map_or((0, 0), |r| (r.addr, r.rkey));
+        wqe::WqeHead {
+            opcode: self.opcode,
+            flags,
+            wr_id: self.wr_id,
+            imm_data: self.imm_data,
+            remote_addr,
+            rkey,
+        }
+        .words(num_sge, inline_len)
     }
 
     /// A remote region too short for `len` bytes is refused here, as the backend would.
@@ -791,15 +786,10 @@ fn sge_words(
     if n > max_sge || n > MAX_SGE {
         return Err(too_many_sges(n, max_sge));
     }
-    let w = |v: u32| u32::from_ne_bytes(v.to_le_bytes());
     let mut words = head.words(head.flags & !flags::INLINE, n as u8, 0);
     let mut total = 0u64;
     for (i, s) in sges.take(MAX_SGE).enumerate() {
-        let o = (wqe_field::PAYLOAD + i * SGE_LEN) / 4;
-        words[o + wqe_field::SGE_OFFSET / 4] = w(s.offset as u32);
-        words[o + wqe_field::SGE_OFFSET / 4 + 1] = w((s.offset >> 32) as u32);
-        words[o + wqe_field::SGE_LENGTH / 4] = w(s.length);
-        words[o + wqe_field::SGE_LKEY / 4] = w(s.lkey);
+        wqe::put_sge(&mut words, i, &s);
         total += u64::from(s.length);
     }
     head.check_remote(total)?;
@@ -823,12 +813,7 @@ fn inline_words(head: &WqeHead, data: &[u8], max_inline: u32) -> Result<[u32; WQ
         unreachable!("WqeData::inline gives inline data");
     };
     let mut words = head.words(head.flags | flags::INLINE, 0, len);
-    for (d, c) in words[wqe_field::PAYLOAD / 4..]
-        .iter_mut()
-        .zip(bytes.chunks_exact(4))
-    {
-        *d = u32::from_ne_bytes([c[0], c[1], c[2], c[3]]);
-    }
+    wqe::put_inline(&mut words, &bytes);
     head.check_remote(u64::from(len))?;
     Ok(words)
 }

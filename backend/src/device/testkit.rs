@@ -440,10 +440,23 @@ impl Loopback {
         self.write_repr(len).to_bytes()
     }
 
-    /// [`Self::write_wqe`] as the slot's sixteen words, the form the `vrdma` library posts
-    /// (`WqeRepr::to_words` + `Producer::write_words`).
+    /// [`Self::write_wqe`] as the slot's sixteen words, built straight from the fields with
+    /// `shared_ring::abi::wqe`'s builder (no `WqeRepr`), as the `vrdma` library builds the
+    /// WQE of each post before `Producer::write_words` stores it: the benches call this per
+    /// post.
+    #[inline]
     pub fn write_wqe_words(&self, len: u32) -> [u32; WQE_LEN / 4] {
-        self.write_repr(len).to_words()
+        let mut w = shared_ring::abi::wqe::WqeHead {
+            opcode: WqeOpcode::RdmaWrite,
+            flags: shared_ring::abi::wqe::flags::SIGNALED,
+            wr_id: 1,
+            imm_data: 0,
+            remote_addr: self.dst.iova,
+            rkey: self.dst.keys.rkey,
+        }
+        .words(1, 0);
+        shared_ring::abi::wqe::put_sge(&mut w, 0, &self.src.sge(0, len));
+        w
     }
 
     fn write_repr(&self, len: u32) -> WqeRepr {

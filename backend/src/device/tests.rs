@@ -527,3 +527,21 @@ fn an_engine_thread_that_dies_lets_go_of_its_cached_regions() {
         "a dead engine thread still holds a cached region"
     );
 }
+
+/// The benches' per-post WQE (`Loopback::write_wqe_words`, built straight as words) is the
+/// WQE of `Loopback::write_wqe` (built as a `WqeRepr`), byte for byte, for every length the
+/// benches post: a bench posting a different WQE would time something else (an error
+/// completion, or a hang).
+#[test]
+fn loopback_write_words_are_the_write_wqe() {
+    use super::testkit::Loopback;
+    let l = Loopback::new(4096);
+    for len in [0, 1, 64, 4096, 1 << 20] {
+        let words = l.write_wqe_words(len);
+        let mut bytes = [0u8; shared_ring::abi::wqe::WQE_LEN];
+        for (b, w) in bytes.chunks_exact_mut(4).zip(words) {
+            b.copy_from_slice(&w.to_ne_bytes());
+        }
+        assert_eq!(bytes, l.write_wqe(len), "len {len}");
+    }
+}

@@ -378,46 +378,100 @@ impl WqeRepr {
     /// [`Self::to_bytes`] in native order (what `Producer::write_words` stores): the same
     /// bytes, built in registers, so the post path needs no 64-byte buffer on the stack (whose
     /// byte-wise stores and word-wise reloads cost the library's post ≈ 30 ns; see
-    /// docs/benchmarks.md "The library path").
+    /// docs/benchmarks.md "The library path"). Built with [`WqeHead::words`], [`put_sge`] and
+    /// [`put_inline`], as the post paths build theirs without a `WqeRepr`.
     #[inline]
     pub fn to_words(&self) -> [u32; WQE_LEN / 4] {
-        let w = |v: u32| u32::from_ne_bytes(v.to_le_bytes());
-        let lo = |v: u64| w(v as u32);
-        let hi = |v: u64| w((v >> 32) as u32);
         let (flags, num_sge, inline_len) = match &self.data {
             WqeData::Sges { len, .. } => (self.flags & !flags::INLINE, *len, 0),
             WqeData::Inline { len, .. } => (self.flags | flags::INLINE, 0, *len),
         };
-        let mut words = [0u32; WQE_LEN / 4];
-        words[0] = u32::from_ne_bytes([self.opcode as u8, flags, num_sge, inline_len]);
-        words[1] = w(self.imm_data);
-        words[2] = lo(self.wr_id);
-        words[3] = hi(self.wr_id);
-        words[4] = lo(self.remote_addr);
-        words[5] = hi(self.remote_addr);
-        words[6] = w(self.rkey);
-        // words[7]: the owner word, 0 (the queue sets the phase).
-        const P: usize = field::PAYLOAD / 4;
+        let head = WqeHead {
+            opcode: self.opcode,
+            flags,
+            wr_id: self.wr_id,
+            imm_data: self.imm_data,
+            remote_addr: self.remote_addr,
+            rkey: self.rkey,
+        };
+        let mut words = head.words(num_sge, inline_len);
         match &self.data {
             WqeData::Sges { sges, len } => {
                 for (i, s) in sges.iter().enumerate().take(usize::from(*len)) {
-                    let o = P + i * (SGE_LEN / 4);
-                    words[o] = lo(s.offset);
-                    words[o + 1] = hi(s.offset);
-                    words[o + 2] = w(s.length);
-                    words[o + 3] = w(s.lkey);
+                    put_sge(&mut words, i, s);
                 }
             }
             WqeData::Inline { bytes, len } => {
                 let l = usize::from(*len).min(MAX_INLINE);
                 let mut b = [0u8; MAX_INLINE];
                 b[..l].copy_from_slice(&bytes[..l]);
-                for (d, c) in words[P..].iter_mut().zip(b.chunks_exact(4)) {
-                    *d = u32::from_ne_bytes([c[0], c[1], c[2], c[3]]);
-                }
+                put_inline(&mut words, &b);
             }
         }
         words
+    }
+}
+
+/// A WQE's fields before its payload, as a post path has them: the one place, with
+/// [`put_sge`] and [`put_inline`], that lays a WQE out as the slot's sixteen words (word `i`
+/// holding bytes `4 i .. 4 i + 4` of the layout above in native order, what
+/// `Producer::write_words` stores). [`WqeRepr::to_words`], the `vrdma` library's post path and
+/// the device's test kit build their WQEs with them. Nothing is checked here: the backend
+/// validates what it copies out, and the library checks before it builds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WqeHead {
+    pub opcode: WqeOpcode,
+    /// The flag byte as stored, `INLINE` included when the payload is inline.
+    pub flags: u8,
+    pub wr_id: u64,
+    pub imm_data: u32,
+    pub remote_addr: u64,
+    pub rkey: u32,
+}
+
+/// Native-order word of four little-endian bytes.
+#[inline(always)]
+fn le_word(v: u32) -> u32 {
+    u32::from_ne_bytes(v.to_le_bytes())
+}
+
+impl WqeHead {
+    /// The WQE's words with this head, `num_sge` and `inline_len`; the owner word (the queue
+    /// stores the phase) and the payload words 0.
+    #[inline(always)]
+    pub fn words(&self, num_sge: u8, inline_len: u8) -> [u32; WQE_LEN / 4] {
+        let mut words = [0u32; WQE_LEN / 4];
+        words[field::OPCODE / 4] =
+            u32::from_ne_bytes([self.opcode as u8, self.flags, num_sge, inline_len]);
+        words[field::IMM_DATA / 4] = le_word(self.imm_data);
+        words[field::WR_ID / 4] = le_word(self.wr_id as u32);
+        words[field::WR_ID / 4 + 1] = le_word((self.wr_id >> 32) as u32);
+        words[field::REMOTE_ADDR / 4] = le_word(self.remote_addr as u32);
+        words[field::REMOTE_ADDR / 4 + 1] = le_word((self.remote_addr >> 32) as u32);
+        words[field::RKEY / 4] = le_word(self.rkey);
+        words
+    }
+}
+
+/// Stores SGE `i` (below [`MAX_SGE`]; panics past the payload) into a WQE's words.
+#[inline(always)]
+pub fn put_sge(words: &mut [u32; WQE_LEN / 4], i: usize, s: &Sge) {
+    let o = (field::PAYLOAD + i * SGE_LEN) / 4;
+    words[o + field::SGE_OFFSET / 4] = le_word(s.offset as u32);
+    words[o + field::SGE_OFFSET / 4 + 1] = le_word((s.offset >> 32) as u32);
+    words[o + field::SGE_LENGTH / 4] = le_word(s.length);
+    words[o + field::SGE_LKEY / 4] = le_word(s.lkey);
+}
+
+/// Stores a whole inline payload (bytes past the WQE's `inline_len` zero, as `to_bytes`
+/// leaves them) into a WQE's words.
+#[inline(always)]
+pub fn put_inline(words: &mut [u32; WQE_LEN / 4], bytes: &[u8; MAX_INLINE]) {
+    for (d, c) in words[field::PAYLOAD / 4..]
+        .iter_mut()
+        .zip(bytes.chunks_exact(4))
+    {
+        *d = u32::from_ne_bytes([c[0], c[1], c[2], c[3]]);
     }
 }
 
