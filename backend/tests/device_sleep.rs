@@ -77,6 +77,8 @@ fn idle_engine_sleeps_and_a_kick_wakes_it() {
 struct Source {
     sock: UnixStream,
     fired: AtomicU64,
+    /// Bytes (notifications) consumed.
+    consumed: AtomicU64,
 }
 
 impl Source {
@@ -87,6 +89,7 @@ impl Source {
         let source = Arc::new(Source {
             sock,
             fired: AtomicU64::new(0),
+            consumed: AtomicU64::new(0),
         });
         (notify, source)
     }
@@ -101,7 +104,9 @@ impl AsFd for Source {
 impl KickSource for Source {
     fn fired(&self) {
         let mut b = [0u8; 64];
-        while matches!((&self.sock).read(&mut b), Ok(n) if n > 0) {}
+        while let Ok(n @ 1..) = (&self.sock).read(&mut b) {
+            self.consumed.fetch_add(n as u64, Ordering::SeqCst);
+        }
         self.fired.fetch_add(1, Ordering::SeqCst);
     }
 }
@@ -278,7 +283,8 @@ fn a_blocked_send_on_another_engine_wakes_when_the_recv_is_posted() {
 /// copying, not after it. Fails (HANG) when the engine looks neither after
 /// `engine::KICK_POLL_UNITS` of work nor every `CLOCK_PASSES` idle passes. Either look
 /// suffices here: in this test (debug build) the engine has runs of idle passes between the
-/// test's top-ups, so it still passes with the busy-time look alone disabled.
+/// test's top-ups, so it still passes with the busy-time look alone disabled; the next test
+/// proves that look alone.
 #[test]
 fn a_busy_engine_consumes_the_guests_event_while_it_copies() {
     let (notify, source) = Source::pair();
@@ -330,4 +336,62 @@ fn a_busy_engine_consumes_the_guests_event_while_it_copies() {
     for _ in 0..32 {
         assert_eq!(cq.wait(&dev).status, CqeStatus::Success);
     }
+}
+
+/// An engine in the middle of one long copy looks at its poller after
+/// `engine::KICK_POLL_UNITS` of work: the guest's event is consumed while the WRITE's last
+/// byte is still to be copied. Unlike the test above, the engine has no idle pass during the
+/// copy (one WRITE of 128 MiB, moved in pieces of 256 KiB), so only the busy-time look can
+/// consume it. Fails ("only after its copy") with the busy-time look disabled
+/// (`KICK_POLL_UNITS = usize::MAX`). A machine slow enough to let the whole copy pass between
+/// the test seeing it start and its notification gets another try (five in all).
+#[test]
+fn an_engine_busy_with_one_long_copy_consumes_the_guests_event_before_it_ends() {
+    let (notify, source) = Source::pair();
+    let dev = SoftDevice::new(EngineConfig {
+        threads: 1,
+        spin: Duration::from_secs(3600),
+    })
+    .unwrap();
+    let mut a =
+        TestChannel::open_with_kick_source(&dev, 1, ChannelMode::Bypass, Some(source.clone()));
+    let mut cq = a.cq(&dev, 4);
+    let mut qp = a.qp(&dev, &cq, &cq, 4);
+    dev.connect_qp(a.id, qp.num, qp.num).unwrap();
+    const HALF: usize = 128 << 20;
+    let m = a.mr(&dev, 2 * HALF as u64, access::ALL);
+    m.fill(0, &[0xa5]);
+    m.fill(HALF - 1, &[0x5a]);
+    let mut tries = Vec::new();
+    for attempt in 0..5u64 {
+        m.fill(HALF, &[0]);
+        m.fill(2 * HALF - 1, &[0]);
+        let consumed = source.consumed.load(Ordering::SeqCst);
+        qp.post_send(
+            &dev,
+            &wqe(
+                WqeOpcode::RdmaWrite,
+                attempt,
+                &[m.sge(0, HALF as u32)],
+                (m.iova + HALF as u64, m.keys.rkey),
+                0,
+            ),
+        );
+        // The copy has begun (its first byte arrived) ...
+        wait_until(|| m.read(HALF, 1)[0] == 0xa5);
+        (&notify).write_all(&[1]).unwrap();
+        // ... and the event is consumed: was the last byte still to be copied then?
+        wait_until(|| source.consumed.load(Ordering::SeqCst) > consumed);
+        let mid_copy = m.read(2 * HALF - 1, 1)[0] == 0;
+        let c = cq.wait(&dev);
+        assert_eq!((c.wr_id, c.status), (attempt, CqeStatus::Success));
+        assert_eq!(m.read(2 * HALF - 1, 1)[0], 0x5a, "the WRITE arrived whole");
+        if mid_copy {
+            return;
+        }
+        tries.push(attempt);
+    }
+    panic!(
+        "a busy engine consumed the guest's event only after its copy, in every try ({tries:?})"
+    );
 }
