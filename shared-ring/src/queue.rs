@@ -278,11 +278,7 @@ impl<const N: usize> Consumer<N> {
     /// (and `slot` untouched) when there is none.
     #[inline]
     pub fn pop_into(&mut self, slot: &mut [u8; N]) -> Result<bool, QueueError> {
-        if self.is_by_phase() {
-            if !self.next_published() {
-                return Ok(false);
-            }
-        } else if self.prod_seen == self.cons_pvt && self.available()? == 0 {
+        if !self.next_ready()? {
             return Ok(false);
         }
         self.slots.read_into(self.cons_pvt, slot);
@@ -291,6 +287,34 @@ impl<const N: usize> Consumer<N> {
         }
         self.cons_pvt = self.cons_pvt.wrapping_add(1);
         Ok(true)
+    }
+    /// [`Self::pop_into`] of the slot as its `W = N / 4` words (word `i` holds bytes
+    /// `4 i .. 4 i + 4` in native order, as `pop_into` copies them): each word of shared
+    /// memory is loaded once, into `words`, with the owner word zeroed there, so a parser of
+    /// words (`WqeRepr::from_words`) reads the caller's copy, never shared memory, and never
+    /// a byte buffer built from it. `false` (and `words` untouched) when there is none.
+    #[inline]
+    pub fn pop_words<const W: usize>(&mut self, words: &mut [u32; W]) -> Result<bool, QueueError> {
+        const { assert!(W * 4 == N, "a slot's words") };
+        if !self.next_ready()? {
+            return Ok(false);
+        }
+        self.slots.read_words_into(self.cons_pvt, words);
+        if let Some(off) = self.owner {
+            words[off / 4] = 0;
+        }
+        self.cons_pvt = self.cons_pvt.wrapping_add(1);
+        Ok(true)
+    }
+    /// Whether the slot at `cons_pvt` is published: by phase (one acquire load of its owner
+    /// word), else by the producer index (read, validated, only once the slots seen are used).
+    #[inline]
+    fn next_ready(&mut self) -> Result<bool, QueueError> {
+        if self.is_by_phase() {
+            Ok(self.next_published())
+        } else {
+            Ok(self.prod_seen != self.cons_pvt || self.available()? != 0)
+        }
     }
     /// By phase, for a look without this end (an engine that keeps the end under a lock):
     /// whether slot `idx` is published — see [`Self::is_by_phase`]; `None` when the queue is
