@@ -389,4 +389,60 @@ mod tests {
             }
         }
     }
+
+    /// `pop_words` hands out what `pop_into` hands out (the same slots, word `i` = bytes
+    /// `4 i ..`, the owner word zeroed), and nothing when `pop_into` finds nothing: by
+    /// producer index and by phase, with and without an owner word, over several passes.
+    #[test]
+    fn pop_words_hands_out_what_pop_into_does() {
+        const N: usize = 64;
+        for (owner, by_phase) in [(None, false), (Some(28), false), (Some(28), true)] {
+            let r = SharedRegion::alloc(4 * N + 8).unwrap();
+            let (slots, prod, cons) = (
+                r.slots::<N>(8, 4).unwrap(),
+                r.word(0).unwrap(),
+                r.word(4).unwrap(),
+            );
+            let mut p = match owner {
+                None => Producer::<N>::new(slots.clone(), prod.clone(), cons.clone(), 0),
+                Some(o) => Producer::with_owner(slots.clone(), prod.clone(), cons.clone(), 0, o),
+            };
+            let end = || match owner {
+                None => Consumer::<N>::new(slots.clone(), prod.clone(), cons.clone(), 0),
+                Some(o) => {
+                    Consumer::with_owner(slots.clone(), prod.clone(), cons.clone(), 0, o, by_phase)
+                }
+            };
+            let (mut a, mut b) = (end(), end());
+            let mut x = 0x9e37_79b9_7f4a_7c15u64;
+            for i in 0..12u32 {
+                let (mut bytes, mut words) = ([0u8; N], [0u32; N / 4]);
+                assert_eq!(a.pop_into(&mut bytes), Ok(false));
+                assert_eq!(b.pop_words(&mut words), Ok(false), "nothing published yet");
+                let mut slot = [0u8; N];
+                for c in slot.chunks_exact_mut(8) {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    c.copy_from_slice(&x.to_le_bytes());
+                }
+                assert_eq!(p.write(&slot), Ok(i));
+                p.publish();
+                assert_eq!(a.pop_into(&mut bytes), Ok(true));
+                assert_eq!(b.pop_words(&mut words), Ok(true), "slot {i}");
+                for (k, w) in words.iter().enumerate() {
+                    assert_eq!(
+                        w.to_ne_bytes(),
+                        bytes[4 * k..4 * k + 4],
+                        "slot {i} word {k}"
+                    );
+                }
+                if let Some(o) = owner {
+                    assert_eq!(words[o / 4], 0, "the owner word is handed out zeroed");
+                }
+                a.release();
+                b.release();
+            }
+        }
+    }
 }

@@ -227,7 +227,13 @@ fn run_sq_locked(ctx: &Ctx<'_>, qp: &Arc<Qp>, s: &mut SendSide, budget: &mut usi
                             qp.ch.stats.op_by_engine(ctx.me, 0);
                             qp.ch.stats.error();
                             qp.counters.send_locked(false, 0);
-                            let c = cqe(qp, wr_id_of_words(&raw), CqeOpcode::Send, CqeStatus::BadWqe, 0);
+                            let c = cqe(
+                                qp,
+                                wr_id_of_words(&raw),
+                                CqeOpcode::Send,
+                                CqeStatus::BadWqe,
+                                0,
+                            );
                             let kept = qp.send_cq.complete(&c, true);
                             qp.fail((!kept).then_some(EventKind::QpFatal));
                             return true;

@@ -595,9 +595,9 @@ mod tests {
         #[test]
         fn from_words_agrees_with_the_byte_rules(b in slots()) {
             let want = reference_parse(&b);
-            prop_assert_eq!(WqeRepr::from_words(&words_of(&b)), want.clone());
-            prop_assert_eq!(WqeRepr::from_bytes(&b), want.clone());
-            prop_assert_eq!(WqeRepr::parse(&Wqe::new_unchecked(&b[..])), want.clone());
+            prop_assert_eq!(WqeRepr::from_words(&words_of(&b)), want);
+            prop_assert_eq!(WqeRepr::from_bytes(&b), want);
+            prop_assert_eq!(WqeRepr::parse(&Wqe::new_unchecked(&b[..])), want);
             if let Ok(r) = want {
                 prop_assert_eq!(WqeRepr::from_words(&r.to_words()), Ok(r));
             }
