@@ -625,6 +625,20 @@ impl<const N: usize> SlotArray<N> {
         self.region.read_unchecked(self.slot_offset(idx), out);
     }
 
+    /// Loads the first `W` words of slot `idx` (masked) into `out`, in order (relaxed), each
+    /// word once: word `i` holds the slot's bytes `4 i .. 4 i + 4` in native order, as
+    /// [`Self::read_into`] copies them.
+    #[inline]
+    pub fn read_words_into<const W: usize>(&self, idx: u32, out: &mut [u32; W]) {
+        let () = Self::VALID;
+        const { assert!(W * 4 <= N) };
+        self.region.with_words(self.slot_offset(idx), W * 4, |ws| {
+            for (o, w) in out.iter_mut().zip(ws) {
+                *o = w.load(Ordering::Relaxed);
+            }
+        });
+    }
+
     /// Copies `data` into slot `idx` (masked).
     #[inline]
     pub fn write(&self, idx: u32, data: &[u8; N]) {

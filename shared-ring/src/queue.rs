@@ -278,11 +278,7 @@ impl<const N: usize> Consumer<N> {
     /// (and `slot` untouched) when there is none.
     #[inline]
     pub fn pop_into(&mut self, slot: &mut [u8; N]) -> Result<bool, QueueError> {
-        if self.is_by_phase() {
-            if !self.next_published() {
-                return Ok(false);
-            }
-        } else if self.prod_seen == self.cons_pvt && self.available()? == 0 {
+        if !self.next_ready()? {
             return Ok(false);
         }
         self.slots.read_into(self.cons_pvt, slot);
@@ -291,6 +287,34 @@ impl<const N: usize> Consumer<N> {
         }
         self.cons_pvt = self.cons_pvt.wrapping_add(1);
         Ok(true)
+    }
+    /// [`Self::pop_into`] of the slot as its `W = N / 4` words (word `i` holds bytes
+    /// `4 i .. 4 i + 4` in native order, as `pop_into` copies them): each word of shared
+    /// memory is loaded once, into `words`, with the owner word zeroed there, so a parser of
+    /// words (`WqeRepr::from_words`) reads the caller's copy, never shared memory, and never
+    /// a byte buffer built from it. `false` (and `words` untouched) when there is none.
+    #[inline]
+    pub fn pop_words<const W: usize>(&mut self, words: &mut [u32; W]) -> Result<bool, QueueError> {
+        const { assert!(W * 4 == N, "a slot's words") };
+        if !self.next_ready()? {
+            return Ok(false);
+        }
+        self.slots.read_words_into(self.cons_pvt, words);
+        if let Some(off) = self.owner {
+            words[off / 4] = 0;
+        }
+        self.cons_pvt = self.cons_pvt.wrapping_add(1);
+        Ok(true)
+    }
+    /// Whether the slot at `cons_pvt` is published: by phase (one acquire load of its owner
+    /// word), else by the producer index (read, validated, only once the slots seen are used).
+    #[inline]
+    fn next_ready(&mut self) -> Result<bool, QueueError> {
+        if self.is_by_phase() {
+            Ok(self.next_published())
+        } else {
+            Ok(self.prod_seen != self.cons_pvt || self.available()? != 0)
+        }
     }
     /// By phase, for a look without this end (an engine that keeps the end under a lock):
     /// whether slot `idx` is published — see [`Self::is_by_phase`]; `None` when the queue is
@@ -362,6 +386,62 @@ mod tests {
                 // The consumer's index follows, so the ring wraps.
                 ra.store_u32(4, i + 1, Ordering::Relaxed).unwrap();
                 rb.store_u32(4, i + 1, Ordering::Relaxed).unwrap();
+            }
+        }
+    }
+
+    /// `pop_words` hands out what `pop_into` hands out (the same slots, word `i` = bytes
+    /// `4 i ..`, the owner word zeroed), and nothing when `pop_into` finds nothing: by
+    /// producer index and by phase, with and without an owner word, over several passes.
+    #[test]
+    fn pop_words_hands_out_what_pop_into_does() {
+        const N: usize = 64;
+        for (owner, by_phase) in [(None, false), (Some(28), false), (Some(28), true)] {
+            let r = SharedRegion::alloc(4 * N + 8).unwrap();
+            let (slots, prod, cons) = (
+                r.slots::<N>(8, 4).unwrap(),
+                r.word(0).unwrap(),
+                r.word(4).unwrap(),
+            );
+            let mut p = match owner {
+                None => Producer::<N>::new(slots.clone(), prod.clone(), cons.clone(), 0),
+                Some(o) => Producer::with_owner(slots.clone(), prod.clone(), cons.clone(), 0, o),
+            };
+            let end = || match owner {
+                None => Consumer::<N>::new(slots.clone(), prod.clone(), cons.clone(), 0),
+                Some(o) => {
+                    Consumer::with_owner(slots.clone(), prod.clone(), cons.clone(), 0, o, by_phase)
+                }
+            };
+            let (mut a, mut b) = (end(), end());
+            let mut x = 0x9e37_79b9_7f4a_7c15u64;
+            for i in 0..12u32 {
+                let (mut bytes, mut words) = ([0u8; N], [0u32; N / 4]);
+                assert_eq!(a.pop_into(&mut bytes), Ok(false));
+                assert_eq!(b.pop_words(&mut words), Ok(false), "nothing published yet");
+                let mut slot = [0u8; N];
+                for c in slot.chunks_exact_mut(8) {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    c.copy_from_slice(&x.to_le_bytes());
+                }
+                assert_eq!(p.write(&slot), Ok(i));
+                p.publish();
+                assert_eq!(a.pop_into(&mut bytes), Ok(true));
+                assert_eq!(b.pop_words(&mut words), Ok(true), "slot {i}");
+                for (k, w) in words.iter().enumerate() {
+                    assert_eq!(
+                        w.to_ne_bytes(),
+                        bytes[4 * k..4 * k + 4],
+                        "slot {i} word {k}"
+                    );
+                }
+                if let Some(o) = owner {
+                    assert_eq!(words[o / 4], 0, "the owner word is handed out zeroed");
+                }
+                a.release();
+                b.release();
             }
         }
     }

@@ -187,18 +187,25 @@ fn kick_model<const N: usize>(
         + Send
         + 'static,
 ) {
-    kick_model_with(queues, |p: &mut Producer<N>, s: &[u8; N]| {
-        p.write(s).unwrap();
-    })
+    kick_model_with(
+        queues,
+        |p: &mut Producer<N>, s: &[u8; N]| {
+            p.write(s).unwrap();
+        },
+        |c: &mut Consumer<N>| c.pop().unwrap(),
+    )
 }
 
-/// [`kick_model`] with the producer's slot write given (`Producer::write` or `write_words`).
+/// [`kick_model`] with the producer's slot write given (`Producer::write` or `write_words`)
+/// and the engine's pop (`Consumer::pop`, or `pop_words` with the words turned back into
+/// bytes).
 fn kick_model_with<const N: usize>(
     queues: impl Fn(&SharedRegion, SharedWord, SharedWord) -> (Producer<N>, Consumer<N>)
         + Sync
         + Send
         + 'static,
     write: fn(&mut Producer<N>, &[u8; N]),
+    pop: fn(&mut Consumer<N>) -> Option<[u8; N]>,
 ) {
     model(move || {
         const WQES: u8 = 2;
@@ -219,7 +226,7 @@ fn kick_model_with<const N: usize>(
         let engine = thread::spawn(move || {
             let mut done = 0;
             loop {
-                while let Some(w) = engine_q.pop().unwrap() {
+                while let Some(w) = pop(&mut engine_q) {
                     assert_eq!(w, slot(done));
                     done += 1;
                     engine_q.release();
@@ -285,6 +292,33 @@ fn doorbell_kick_by_phase_with_words_has_no_lost_wakeup_and_no_torn_wqe() {
         |p, s| {
             let w = |i: usize| u32::from_ne_bytes([s[i], s[i + 1], s[i + 2], s[i + 3]]);
             p.write_words(&[w(0), w(4)]).unwrap();
+        },
+        |c| c.pop().unwrap(),
+    );
+}
+
+/// The same with the engine's SQ path on both ends: the frontend writes words and the engine
+/// pops words (`Consumer::pop_words`, each word loaded once): it must never see a published
+/// phase before the body.
+#[test]
+fn doorbell_kick_by_phase_popping_words_has_no_lost_wakeup_and_no_torn_wqe() {
+    kick_model_with::<8>(
+        |mem, prod, cons| {
+            (
+                Producer::with_owner(mem.slots(0, 2).unwrap(), prod.clone(), cons.clone(), 0, 4),
+                Consumer::with_owner(mem.slots(0, 2).unwrap(), prod, cons, 0, 4, true),
+            )
+        },
+        |p, s| {
+            let w = |i: usize| u32::from_ne_bytes([s[i], s[i + 1], s[i + 2], s[i + 3]]);
+            p.write_words(&[w(0), w(4)]).unwrap();
+        },
+        |c| {
+            let mut w = [0u32; 2];
+            c.pop_words(&mut w).unwrap().then(|| {
+                let (a, b) = (w[0].to_ne_bytes(), w[1].to_ne_bytes());
+                [a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]]
+            })
         },
     );
 }

@@ -64,6 +64,12 @@ pub(crate) fn wr_id_of(raw: &[u8; WQE_LEN]) -> u64 {
     u64::from_le_bytes(b)
 }
 
+/// [`wr_id_of`] of a slot given as its words (`Consumer::pop_words`).
+fn wr_id_of_words(raw: &[u32; WQE_LEN / 4]) -> u64 {
+    use shared_ring::abi::wqe::field::WR_ID;
+    u64::from(u32::from_le(raw[WR_ID / 4])) | u64::from(u32::from_le(raw[WR_ID / 4 + 1])) << 32
+}
+
 pub(crate) fn cqe_opcode(op: WqeOpcode) -> CqeOpcode {
     match op {
         WqeOpcode::Send | WqeOpcode::SendWithImm => CqeOpcode::Send,
@@ -186,7 +192,8 @@ fn run_sq(ctx: &Ctx<'_>, qp: &Arc<Qp>, budget: &mut usize) -> bool {
 
 fn run_sq_locked(ctx: &Ctx<'_>, qp: &Arc<Qp>, s: &mut SendSide, budget: &mut usize) -> bool {
     let mut did = false;
-    let mut raw = [0u8; WQE_LEN];
+    // The slot as its words, each loaded once from shared memory and parsed from this copy.
+    let mut raw = [0u32; WQE_LEN / 4];
     for _ in 0..BUDGET {
         if qp.state() != QpState::Rts {
             return true;
@@ -211,16 +218,22 @@ fn run_sq_locked(ctx: &Ctx<'_>, qp: &Arc<Qp>, s: &mut SendSide, budget: &mut usi
         } else {
             wqe = match s.pending.take() {
                 Some(w) => w,
-                None => match s.sq.pop_into(&mut raw) {
+                None => match s.sq.pop_words(&mut raw) {
                     Ok(false) => break,
-                    Ok(true) => match WqeRepr::from_bytes(&raw) {
+                    Ok(true) => match WqeRepr::from_words(&raw) {
                         Ok(w) if w.opcode != WqeOpcode::Recv => w,
                         _ => {
                             s.sq.release();
                             qp.ch.stats.op_by_engine(ctx.me, 0);
                             qp.ch.stats.error();
                             qp.counters.send_locked(false, 0);
-                            let c = cqe(qp, wr_id_of(&raw), CqeOpcode::Send, CqeStatus::BadWqe, 0);
+                            let c = cqe(
+                                qp,
+                                wr_id_of_words(&raw),
+                                CqeOpcode::Send,
+                                CqeStatus::BadWqe,
+                                0,
+                            );
                             let kept = qp.send_cq.complete(&c, true);
                             qp.fail((!kept).then_some(EventKind::QpFatal));
                             return true;

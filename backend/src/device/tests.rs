@@ -545,3 +545,26 @@ fn loopback_write_words_are_the_write_wqe() {
         assert_eq!(bytes, l.write_wqe(len), "len {len}");
     }
 }
+
+/// A WQE the engine refuses completes `BadWqe` with the `wr_id` the guest wrote in its bytes
+/// 8..16 (the engine pops the slot as words and takes the `wr_id` from them), as the opcode,
+/// the first rule, and a later rule (an SGE count past the limit) refuse it.
+#[test]
+fn a_refused_wqe_completes_bad_wqe_with_its_wr_id() {
+    use super::testkit::{wqe, TestPair};
+    use super::{ChannelMode, EngineConfig, SoftDevice};
+    use shared_ring::abi::wqe::WqeOpcode;
+
+    for (name, wr_id, mangle) in [
+        ("opcode 0", 0x0123_4567_89ab_cdefu64, 0usize),
+        ("three SGEs", 0xfedc_ba98_7654_3210, 2),
+    ] {
+        let dev = SoftDevice::new(EngineConfig::default()).unwrap();
+        let mut p = TestPair::connected(&dev, (1, 2), ChannelMode::Bypass);
+        let mut b = wqe(WqeOpcode::Send, wr_id, &[], (0, 0), 0).to_bytes();
+        b[mangle] = if mangle == 0 { 0 } else { 3 };
+        p.aqp.post_send_raw(&dev, &b);
+        let c = p.acq.wait(&dev);
+        assert_eq!((c.status, c.wr_id), (CqeStatus::BadWqe, wr_id), "{name}");
+    }
+}

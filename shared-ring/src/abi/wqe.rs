@@ -258,30 +258,52 @@ pub struct WqeRepr {
 }
 
 impl WqeRepr {
-    /// Parses and validates a WQE copied out of a queue.
+    /// Parses and validates a WQE copied out of a queue (its first [`WQE_LEN`] bytes, through
+    /// [`Self::from_words`]).
     pub fn parse<T: AsRef<[u8]>>(wqe: &Wqe<T>) -> Result<Self, AbiError> {
-        check_len(wqe.buffer.as_ref().len(), WQE_LEN)?;
-        let opcode = WqeOpcode::from_u8(wqe.opcode())?;
-        let fl = wqe.flags();
+        let b = wqe.buffer.as_ref();
+        check_len(b.len(), WQE_LEN)?;
+        let mut words = [0u32; WQE_LEN / 4];
+        for (w, c) in words.iter_mut().zip(b.chunks_exact(4)) {
+            *w = u32::from_ne_bytes([c[0], c[1], c[2], c[3]]);
+        }
+        Self::from_words(&words)
+    }
+
+    /// Parses and validates a WQE given as the sixteen words of its slot, word `i` holding
+    /// bytes `4 i .. 4 i + 4` in native order (what `Consumer::pop_words` hands out, the
+    /// inverse of [`Self::to_words`]): the one set of rules, which [`Self::from_bytes`] and
+    /// [`Self::parse`] apply too. Each word is read once; the words are the caller's copy,
+    /// never shared memory.
+    #[inline]
+    pub fn from_words(w: &[u32; WQE_LEN / 4]) -> Result<Self, AbiError> {
+        let le = u32::from_le;
+        let le64 = |i: usize| u64::from(le(w[i])) | u64::from(le(w[i + 1])) << 32;
+        let [op, fl, num_sge, inline_len] = w[field::OPCODE / 4].to_ne_bytes();
+        let opcode = WqeOpcode::from_u8(op)?;
         if fl & !flags::ALL != 0 {
             return Err(AbiError::Unknown {
                 what: "WQE flags",
                 value: fl.into(),
             });
         }
-        if wqe.owner() != 0 {
+        if w[field::OWNER / 4] != 0 {
             return Err(AbiError::Reserved { field: "wqe.owner" });
         }
-        if !opcode.has_imm() && wqe.imm_data() != 0 {
+        let imm_data = le(w[field::IMM_DATA / 4]);
+        if !opcode.has_imm() && imm_data != 0 {
             return Err(AbiError::Reserved {
                 field: "wqe.imm_data",
             });
         }
-        if !opcode.is_rdma() && (wqe.remote_addr() != 0 || wqe.rkey() != 0) {
+        let remote_addr = le64(field::REMOTE_ADDR / 4);
+        let rkey = le(w[field::RKEY / 4]);
+        if !opcode.is_rdma() && (remote_addr != 0 || rkey != 0) {
             return Err(AbiError::Reserved {
                 field: "wqe.remote",
             });
         }
+        const P: usize = field::PAYLOAD / 4;
         let data = if fl & flags::INLINE != 0 {
             if matches!(opcode, WqeOpcode::Recv | WqeOpcode::RdmaRead) {
                 return Err(AbiError::Unknown {
@@ -289,12 +311,12 @@ impl WqeRepr {
                     value: opcode as u32,
                 });
             }
-            if wqe.num_sge() != 0 {
+            if num_sge != 0 {
                 return Err(AbiError::Reserved {
                     field: "wqe.num_sge",
                 });
             }
-            let len = wqe.inline_len();
+            let len = inline_len;
             if usize::from(len) > MAX_INLINE {
                 return Err(AbiError::OutOfRange {
                     what: "inline length",
@@ -303,15 +325,18 @@ impl WqeRepr {
                 });
             }
             let mut bytes = [0u8; MAX_INLINE];
-            bytes[..usize::from(len)].copy_from_slice(&wqe.payload()[..usize::from(len)]);
+            for (c, v) in bytes.chunks_exact_mut(4).zip(&w[P..]) {
+                c.copy_from_slice(&v.to_ne_bytes());
+            }
+            bytes[usize::from(len)..].fill(0);
             WqeData::Inline { bytes, len }
         } else {
-            if wqe.inline_len() != 0 {
+            if inline_len != 0 {
                 return Err(AbiError::Reserved {
                     field: "wqe.inline_len",
                 });
             }
-            let n = wqe.num_sge();
+            let n = num_sge;
             if usize::from(n) > MAX_SGE {
                 return Err(AbiError::OutOfRange {
                     what: "SGE count",
@@ -321,17 +346,22 @@ impl WqeRepr {
             }
             let mut sges = [Sge::default(); MAX_SGE];
             for (i, s) in sges.iter_mut().enumerate().take(usize::from(n)) {
-                *s = wqe.sge(i);
+                let o = P + i * (SGE_LEN / 4);
+                *s = Sge {
+                    offset: le64(o + field::SGE_OFFSET / 4),
+                    length: le(w[o + field::SGE_LENGTH / 4]),
+                    lkey: le(w[o + field::SGE_LKEY / 4]),
+                };
             }
             WqeData::Sges { sges, len: n }
         };
         Ok(Self {
             opcode,
             flags: fl & !flags::INLINE,
-            wr_id: wqe.wr_id(),
-            imm_data: wqe.imm_data(),
-            remote_addr: wqe.remote_addr(),
-            rkey: wqe.rkey(),
+            wr_id: le64(field::WR_ID / 4),
+            imm_data,
+            remote_addr,
+            rkey,
             data,
         })
     }
@@ -369,7 +399,7 @@ impl WqeRepr {
         b
     }
 
-    /// Parses slot bytes.
+    /// Parses slot bytes: [`Self::from_words`] of their sixteen words.
     pub fn from_bytes(b: &[u8; WQE_LEN]) -> Result<Self, AbiError> {
         Self::parse(&Wqe::new_unchecked(&b[..]))
     }
@@ -478,6 +508,186 @@ pub fn put_inline(words: &mut [u32; WQE_LEN / 4], bytes: &[u8; MAX_INLINE]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// The rules of a WQE written out a second time, over the byte view's getters (the parser
+    /// as it was before `from_words`): the oracle `from_words` and `from_bytes` are held to.
+    fn reference_parse(b: &[u8; WQE_LEN]) -> Result<WqeRepr, AbiError> {
+        let wqe = Wqe::new_unchecked(&b[..]);
+        let opcode = WqeOpcode::from_u8(wqe.opcode())?;
+        let fl = wqe.flags();
+        if fl & !flags::ALL != 0 {
+            return Err(AbiError::Unknown {
+                what: "WQE flags",
+                value: fl.into(),
+            });
+        }
+        if wqe.owner() != 0 {
+            return Err(AbiError::Reserved { field: "wqe.owner" });
+        }
+        if !opcode.has_imm() && wqe.imm_data() != 0 {
+            return Err(AbiError::Reserved {
+                field: "wqe.imm_data",
+            });
+        }
+        if !opcode.is_rdma() && (wqe.remote_addr() != 0 || wqe.rkey() != 0) {
+            return Err(AbiError::Reserved {
+                field: "wqe.remote",
+            });
+        }
+        let data = if fl & flags::INLINE != 0 {
+            if matches!(opcode, WqeOpcode::Recv | WqeOpcode::RdmaRead) {
+                return Err(AbiError::Unknown {
+                    what: "inline WQE opcode",
+                    value: opcode as u32,
+                });
+            }
+            if wqe.num_sge() != 0 {
+                return Err(AbiError::Reserved {
+                    field: "wqe.num_sge",
+                });
+            }
+            let len = wqe.inline_len();
+            if usize::from(len) > MAX_INLINE {
+                return Err(AbiError::OutOfRange {
+                    what: "inline length",
+                    value: len.into(),
+                    max: MAX_INLINE as u64,
+                });
+            }
+            WqeData::inline(&wqe.payload()[..usize::from(len)])?
+        } else {
+            if wqe.inline_len() != 0 {
+                return Err(AbiError::Reserved {
+                    field: "wqe.inline_len",
+                });
+            }
+            let n = wqe.num_sge();
+            if usize::from(n) > MAX_SGE {
+                return Err(AbiError::OutOfRange {
+                    what: "SGE count",
+                    value: n.into(),
+                    max: MAX_SGE as u64,
+                });
+            }
+            let list: Vec<Sge> = (0..usize::from(n)).map(|i| wqe.sge(i)).collect();
+            WqeData::sges(&list)?
+        };
+        Ok(WqeRepr {
+            opcode,
+            flags: fl & !flags::INLINE,
+            wr_id: wqe.wr_id(),
+            imm_data: wqe.imm_data(),
+            remote_addr: wqe.remote_addr(),
+            rkey: wqe.rkey(),
+            data,
+        })
+    }
+
+    /// A value that is often 0 (a reserved field left alone), else anything.
+    fn zero_or_any<T: Arbitrary + Default + std::fmt::Debug + Clone + 'static>(
+    ) -> impl Strategy<Value = T> {
+        prop_oneof![3 => Just(T::default()), 1 => any::<T>()]
+    }
+
+    /// 64-byte slots that are valid WQEs of every opcode often and garbage of every kind
+    /// (bad opcode, unknown flags, owner, reserved fields, counts and lengths past the limits)
+    /// the rest of the time: each header field is drawn near its valid values, the payload is
+    /// random, and one in four slots is random bytes throughout.
+    fn slots() -> impl Strategy<Value = [u8; WQE_LEN]> {
+        let header = (
+            prop_oneof![8 => 1u8..=6, 1 => Just(0u8), 1 => any::<u8>()],
+            prop_oneof![6 => 0u8..=flags::ALL, 1 => any::<u8>()],
+            prop_oneof![6 => 0u8..=3, 1 => any::<u8>()],
+            prop_oneof![3 => Just(0u8), 3 => 0u8..=34, 1 => any::<u8>()],
+            zero_or_any::<u32>(),
+            any::<u64>(),
+            zero_or_any::<u64>(),
+            zero_or_any::<u32>(),
+            prop_oneof![6 => Just(0u32), 1 => any::<u32>()],
+        );
+        let built = (header, any::<[u8; 32]>()).prop_map(
+            |((op, fl, n, il, imm, wr_id, ra, rkey, owner), payload)| {
+                let mut b = [0u8; WQE_LEN];
+                let mut w = Wqe::new_unchecked(&mut b[..]);
+                w.set_opcode(op);
+                // Inline and SGE WQEs alike: the count of the other kind is usually 0.
+                w.set_flags(fl);
+                if fl & flags::INLINE != 0 && n < 3 {
+                    w.set_inline_len(il);
+                } else {
+                    w.set_num_sge(n);
+                    w.set_inline_len(if il < 34 { 0 } else { il });
+                }
+                w.set_imm_data(imm);
+                w.set_wr_id(wr_id);
+                w.set_remote_addr(ra);
+                w.set_rkey(rkey);
+                w.set_owner(owner);
+                w.payload_mut().copy_from_slice(&payload);
+                b
+            },
+        );
+        let garbage = proptest::collection::vec(any::<u8>(), WQE_LEN)
+            .prop_map(|v| <[u8; WQE_LEN]>::try_from(v).expect("64 bytes"));
+        prop_oneof![3 => built, 1 => garbage]
+    }
+
+    fn words_of(b: &[u8; WQE_LEN]) -> [u32; WQE_LEN / 4] {
+        let mut w = [0u32; WQE_LEN / 4];
+        for (v, c) in w.iter_mut().zip(b.chunks_exact(4)) {
+            *v = u32::from_ne_bytes([c[0], c[1], c[2], c[3]]);
+        }
+        w
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4096))]
+        /// `from_words` of a slot's words, `from_bytes` and `parse` of its bytes accept the
+        /// same slots, with the same meaning, and refuse the others with the same error as
+        /// the rules written over the byte view.
+        #[test]
+        fn from_words_agrees_with_the_byte_rules(b in slots()) {
+            let want = reference_parse(&b);
+            prop_assert_eq!(WqeRepr::from_words(&words_of(&b)), want);
+            prop_assert_eq!(WqeRepr::from_bytes(&b), want);
+            prop_assert_eq!(WqeRepr::parse(&Wqe::new_unchecked(&b[..])), want);
+            if let Ok(r) = want {
+                prop_assert_eq!(WqeRepr::from_words(&r.to_words()), Ok(r));
+            }
+        }
+    }
+
+    /// The generator reaches what the agreement above is about: valid WQEs of every opcode,
+    /// inline and not, and each kind of refusal.
+    #[test]
+    fn slot_generator_covers_every_opcode_and_error() {
+        use proptest::strategy::ValueTree;
+        use proptest::test_runner::TestRunner;
+        let mut runner = TestRunner::deterministic();
+        let mut ops = std::collections::HashSet::new();
+        let mut inline = false;
+        let mut errs = std::collections::HashSet::new();
+        for _ in 0..20_000 {
+            let b = slots().new_tree(&mut runner).unwrap().current();
+            match reference_parse(&b) {
+                Ok(r) => {
+                    ops.insert(r.opcode as u8);
+                    inline |= matches!(r.data, WqeData::Inline { .. });
+                }
+                Err(e) => {
+                    errs.insert(match e {
+                        AbiError::Reserved { field } => field,
+                        AbiError::Unknown { what, .. } | AbiError::OutOfRange { what, .. } => what,
+                        AbiError::Truncated { .. } => "truncated",
+                    });
+                }
+            }
+        }
+        assert_eq!(ops.len(), 6, "valid WQEs of every opcode: {ops:?}");
+        assert!(inline, "valid inline WQEs");
+        assert_eq!(errs.len(), 10, "every kind of refusal: {errs:?}");
+    }
 
     #[test]
     fn rdma_write_from_literal_bytes_and_back() {
