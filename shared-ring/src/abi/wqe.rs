@@ -642,7 +642,12 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(4096))]
+        // No failure files (Miri's isolation has no file system) and few cases under Miri.
+        #![proptest_config(ProptestConfig {
+            cases: if cfg!(miri) { 16 } else { 4096 },
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
         /// `from_words` of a slot's words, `from_bytes` and `parse` of its bytes accept the
         /// same slots, with the same meaning, and refuse the others with the same error as
         /// the rules written over the byte view.
@@ -661,6 +666,10 @@ mod tests {
     /// The generator reaches what the agreement above is about: valid WQEs of every opcode,
     /// inline and not, and each kind of refusal.
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "20 000 generated slots, no unsafe code: the workspace test run covers it"
+    )]
     fn slot_generator_covers_every_opcode_and_error() {
         use proptest::strategy::ValueTree;
         use proptest::test_runner::TestRunner;
