@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use shared_ring::abi::control::access;
 use shared_ring::abi::cqe::CqeStatus;
 use shared_ring::abi::wqe::WqeOpcode;
-use vrdma_backend::device::testkit::{wqe, TestChannel, HANG};
+use vrdma_backend::device::testkit::{wqe, TestChannel, TestCq, TestMr, TestQp, HANG};
 use vrdma_backend::device::{ChannelMode, Device, EngineConfig, KickSource, SoftDevice};
 
 fn wait_until(mut f: impl FnMut() -> bool) {
@@ -278,6 +278,40 @@ fn a_blocked_send_on_another_engine_wakes_when_the_recv_is_posted() {
     assert_eq!(bcq.wait(&dev).wr_id, 2);
 }
 
+/// The busy-engine tests' set-up: an engine that spins for an hour, one bypass channel whose
+/// kick source is `source`, a CQ and a QP of `2^log2` entries connected to itself, and one
+/// region of `mr_len` bytes.
+struct SpinningLoop {
+    dev: SoftDevice,
+    _ch: TestChannel,
+    cq: TestCq,
+    qp: TestQp,
+    m: TestMr,
+}
+
+impl SpinningLoop {
+    fn new(source: &Arc<Source>, log2: u8, mr_len: u64) -> SpinningLoop {
+        let dev = SoftDevice::new(EngineConfig {
+            threads: 1,
+            spin: Duration::from_secs(3600),
+        })
+        .unwrap();
+        let mut ch =
+            TestChannel::open_with_kick_source(&dev, 1, ChannelMode::Bypass, Some(source.clone()));
+        let cq = ch.cq(&dev, log2);
+        let qp = ch.qp(&dev, &cq, &cq, log2);
+        dev.connect_qp(ch.id, qp.num, qp.num).unwrap();
+        let m = ch.mr(&dev, mr_len, access::ALL);
+        SpinningLoop {
+            dev,
+            _ch: ch,
+            cq,
+            qp,
+            m,
+        }
+    }
+}
+
 /// An engine kept busy by a bulk transfer still looks at its poller: the guest's event (a
 /// control request, or the frontend's death) is consumed while the transfer is still
 /// copying, not after it. Fails (HANG) when the engine looks neither after
@@ -288,18 +322,15 @@ fn a_blocked_send_on_another_engine_wakes_when_the_recv_is_posted() {
 #[test]
 fn a_busy_engine_consumes_the_guests_event_while_it_copies() {
     let (notify, source) = Source::pair();
-    let dev = SoftDevice::new(EngineConfig {
-        threads: 1,
-        spin: Duration::from_secs(3600),
-    })
-    .unwrap();
-    let mut a =
-        TestChannel::open_with_kick_source(&dev, 1, ChannelMode::Bypass, Some(source.clone()));
-    let mut cq = a.cq(&dev, 6);
-    let mut qp = a.qp(&dev, &cq, &cq, 6);
-    dev.connect_qp(a.id, qp.num, qp.num).unwrap();
     const HALF: u32 = 16 << 20;
-    let m = a.mr(&dev, 2 * u64::from(HALF), access::ALL);
+    // Bound in the order the objects were made, so they drop in reverse, as plain locals.
+    let SpinningLoop {
+        dev,
+        _ch,
+        mut cq,
+        mut qp,
+        m,
+    } = SpinningLoop::new(&source, 6, 2 * u64::from(HALF));
     // The pending event of the open is consumed first.
     wait_until(|| source.fired.load(Ordering::SeqCst) > 0);
     let write = |i| {
@@ -348,18 +379,15 @@ fn a_busy_engine_consumes_the_guests_event_while_it_copies() {
 #[test]
 fn an_engine_busy_with_one_long_copy_consumes_the_guests_event_before_it_ends() {
     let (notify, source) = Source::pair();
-    let dev = SoftDevice::new(EngineConfig {
-        threads: 1,
-        spin: Duration::from_secs(3600),
-    })
-    .unwrap();
-    let mut a =
-        TestChannel::open_with_kick_source(&dev, 1, ChannelMode::Bypass, Some(source.clone()));
-    let mut cq = a.cq(&dev, 4);
-    let mut qp = a.qp(&dev, &cq, &cq, 4);
-    dev.connect_qp(a.id, qp.num, qp.num).unwrap();
     const HALF: usize = 128 << 20;
-    let m = a.mr(&dev, 2 * HALF as u64, access::ALL);
+    // Bound in the order the objects were made, so they drop in reverse, as plain locals.
+    let SpinningLoop {
+        dev,
+        _ch,
+        mut cq,
+        mut qp,
+        m,
+    } = SpinningLoop::new(&source, 4, 2 * HALF as u64);
     m.fill(0, &[0xa5]);
     m.fill(HALF - 1, &[0x5a]);
     let mut tries = Vec::new();

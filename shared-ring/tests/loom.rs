@@ -270,31 +270,33 @@ fn doorbell_kick_has_no_lost_wakeup() {
 /// proptest; a wrapping producer would spin, which loom cannot explore.)
 #[test]
 fn doorbell_kick_by_phase_has_no_lost_wakeup_and_no_torn_wqe() {
-    kick_model::<8>(|mem, prod, cons| {
-        (
-            Producer::with_owner(mem.slots(0, 2).unwrap(), prod.clone(), cons.clone(), 0, 4),
-            Consumer::with_owner(mem.slots(0, 2).unwrap(), prod, cons, 0, 4, true),
-        )
-    });
+    kick_model::<8>(phased_queues);
+}
+
+/// The bypass SQ's two ends: the owner word at byte 4 of each 8-byte slot, the engine's end
+/// polling it by phase.
+fn phased_queues(
+    mem: &SharedRegion,
+    prod: SharedWord,
+    cons: SharedWord,
+) -> (Producer<8>, Consumer<8>) {
+    (
+        Producer::with_owner(mem.slots(0, 2).unwrap(), prod.clone(), cons.clone(), 0, 4),
+        Consumer::with_owner(mem.slots(0, 2).unwrap(), prod, cons, 0, 4, true),
+    )
+}
+
+/// Posts a slot as the frontend does, stored as its words (`Producer::write_words`).
+fn write_as_words(p: &mut Producer<8>, s: &[u8; 8]) {
+    let w = |i: usize| u32::from_ne_bytes([s[i], s[i + 1], s[i + 2], s[i + 3]]);
+    p.write_words(&[w(0), w(4)]).unwrap();
 }
 
 /// The same with the slots written by `Producer::write_words` (the frontend's post path): the
 /// engine must still never see a published phase before the body.
 #[test]
 fn doorbell_kick_by_phase_with_words_has_no_lost_wakeup_and_no_torn_wqe() {
-    kick_model_with::<8>(
-        |mem, prod, cons| {
-            (
-                Producer::with_owner(mem.slots(0, 2).unwrap(), prod.clone(), cons.clone(), 0, 4),
-                Consumer::with_owner(mem.slots(0, 2).unwrap(), prod, cons, 0, 4, true),
-            )
-        },
-        |p, s| {
-            let w = |i: usize| u32::from_ne_bytes([s[i], s[i + 1], s[i + 2], s[i + 3]]);
-            p.write_words(&[w(0), w(4)]).unwrap();
-        },
-        |c| c.pop().unwrap(),
-    );
+    kick_model_with::<8>(phased_queues, write_as_words, |c| c.pop().unwrap());
 }
 
 /// The same with the engine's SQ path on both ends: the frontend writes words and the engine
@@ -302,25 +304,13 @@ fn doorbell_kick_by_phase_with_words_has_no_lost_wakeup_and_no_torn_wqe() {
 /// phase before the body.
 #[test]
 fn doorbell_kick_by_phase_popping_words_has_no_lost_wakeup_and_no_torn_wqe() {
-    kick_model_with::<8>(
-        |mem, prod, cons| {
-            (
-                Producer::with_owner(mem.slots(0, 2).unwrap(), prod.clone(), cons.clone(), 0, 4),
-                Consumer::with_owner(mem.slots(0, 2).unwrap(), prod, cons, 0, 4, true),
-            )
-        },
-        |p, s| {
-            let w = |i: usize| u32::from_ne_bytes([s[i], s[i + 1], s[i + 2], s[i + 3]]);
-            p.write_words(&[w(0), w(4)]).unwrap();
-        },
-        |c| {
-            let mut w = [0u32; 2];
-            c.pop_words(&mut w).unwrap().then(|| {
-                let (a, b) = (w[0].to_ne_bytes(), w[1].to_ne_bytes());
-                [a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]]
-            })
-        },
-    );
+    kick_model_with::<8>(phased_queues, write_as_words, |c| {
+        let mut w = [0u32; 2];
+        c.pop_words(&mut w).unwrap().then(|| {
+            let (a, b) = (w[0].to_ne_bytes(), w[1].to_ne_bytes());
+            [a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]]
+        })
+    });
 }
 
 fn cqe(wr_id: u64) -> [u8; CQE_LEN] {
