@@ -112,6 +112,7 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
     let mut events = Events::with_capacity(256);
     let mut ctx = Ctx {
         keys: EngineKeys::new(&keys),
+        peers: Default::default(),
         me: me.idx,
         engines: &engines,
     };
@@ -160,6 +161,8 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
         // Regions retired or deregistered since the last pass leave the key cache (mr.rs,
         // `KeyCache`: a deregistration does not wait for the engine).
         ctx.keys.sync();
+        // Peers destroyed since the last pass leave the peer cache (peers.rs).
+        ctx.peers.sync();
         // While awake the engine looks at its poller without blocking: every pass when it
         // has sockets; when only guests' event channels are there, after `KICK_POLL_UNITS` of
         // work or every `CLOCK_PASSES` idle passes (a control request or a frontend's death
@@ -261,8 +264,9 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
         }
         if !work && me.generation.load(Ordering::SeqCst) == seen && !me.stop.load(Ordering::SeqCst)
         {
-            // A sleeping engine holds no region (deregistered meanwhile or not).
+            // A sleeping engine holds no region (deregistered meanwhile or not) and no peer.
             ctx.keys.clear();
+            ctx.peers.clear();
             me.sleeps.fetch_add(1, Ordering::Relaxed);
             let timeout = nap.then_some(RNR_NAP);
             match poll.poll(&mut events, timeout) {
@@ -285,8 +289,10 @@ fn run(p: Prepared, spin: Duration, keys: Arc<KeyTable>, engines: Arc<[Arc<Engin
         idle_passes = 0;
         just_woke = true;
     }
-    // A stopped engine holds no region (a panicking one drops its cache while unwinding).
+    // A stopped engine holds no region and no peer (a panicking one drops its caches while
+    // unwinding).
     ctx.keys.clear();
+    ctx.peers.clear();
     tracing::debug!(engine = me.idx, "engine stopped");
 }
 

@@ -22,6 +22,7 @@ use shared_ring::abi::wqe::{flags, WqeData, WqeOpcode, WqeRepr, WQE_LEN};
 
 use super::mr::{self, EngineKeys, Source};
 use super::objects::{lock, Active, Kind, Qp, RecvSide, SegList, SendSide};
+use super::peers::PeerCache;
 use super::waker::EngineWaker;
 
 /// WQEs one QP may execute per engine pass (fairness between QPs).
@@ -39,6 +40,8 @@ const FLUSH_BUDGET: usize = 256;
 /// What an engine pass needs.
 pub(crate) struct Ctx<'a> {
     pub(crate) keys: EngineKeys<'a>,
+    /// The peers of the QPs this engine executes WRITEs for, without `Weak::upgrade`.
+    pub(crate) peers: PeerCache<Qp>,
     pub(crate) me: usize,
     pub(crate) engines: &'a [Arc<EngineWaker>],
 }
@@ -428,7 +431,7 @@ fn write_fast(ctx: &Ctx<'_>, qp: &Qp, s: &SendSide, w: &WqeRepr, budget: usize) 
         return None;
     }
     let src = ctx.keys.local_ref(qp.ch.id, qp.pd, &sges[0], false).ok()?;
-    let peer = s.peer.as_ref()?.upgrade()?;
+    let peer = ctx.peers.get(s.peer.as_ref()?)?;
     if peer.destroyed.load(Ordering::Relaxed)
         || !matches!(peer.state(), QpState::Rtr | QpState::Rts)
     {

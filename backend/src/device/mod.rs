@@ -70,7 +70,8 @@
 //! # Modules
 //!
 //! Each module uses only the ones before it: `mr` (memory keys and copies) and `stats`
-//! (counters), `waker` (wakes an engine thread), `objects` (channels, CQs, QPs),
+//! (counters), `waker` (wakes an engine thread), `peers` (an engine's cache of peer QPs),
+//! `objects` (channels, CQs, QPs),
 //! `exec` (executes WQEs on the objects), `engine` (the threads that run `exec`), `soft`
 //! (the [`Device`] implementation that owns the engines and the tables).
 
@@ -79,6 +80,7 @@ mod exec;
 pub mod iwarp;
 mod mr;
 mod objects;
+mod peers;
 pub mod platform;
 mod soft;
 mod stats;
