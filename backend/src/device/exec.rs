@@ -419,9 +419,10 @@ fn source<'a>(data: &'a WqeData, segs: &'a SegList) -> Source<'a> {
 /// budget, executed only if every check [`execute`] makes passes — the same checks, in the
 /// same order (`EngineKeys::local_ref`, the peer's state, `EngineKeys::remote_ref`: the same
 /// checks as `local`/`remote_checked` on segments that borrow their regions from the key
-/// cache, no reference counts), and then the same single copy `mr::scatter` makes. `None`
-/// (nothing written, nothing changed but the engine's key cache) for any other WQE and on any
-/// failed check: [`execute`] then does it all again and completes the WQE with its error.
+/// cache, the peer borrowed from the peer cache: no reference counts), and then the same
+/// single copy `mr::scatter` makes. `None` (nothing written, nothing changed but the engine's
+/// key and peer caches) for any other WQE and on any failed check: [`execute`] then does it
+/// all again and completes the WQE with its error.
 #[inline]
 fn write_fast(ctx: &Ctx<'_>, qp: &Qp, s: &SendSide, w: &WqeRepr, budget: usize) -> Option<Exec> {
     let WqeData::Sges { sges, len: 1 } = &w.data else {
